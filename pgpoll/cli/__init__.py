@@ -1,0 +1,1 @@
+"""The ``pgpoll`` command line: parses options, calls the library, formats, exits."""

@@ -1,0 +1,136 @@
+"""``pgpoll slot``: create, drop, list, peek and advance replication slots."""
+
+from __future__ import annotations
+
+import click
+
+from pgpoll.cli.options import dsn_option, json_option, target
+from pgpoll.cli.output import echo_json, echo_table
+from pgpoll.errors import ConfigError
+from pgpoll.lsn import Lsn
+from pgpoll.source import slots as slot_access
+from pgpoll.source.connection import connect
+from pgpoll.source.names import check_identifier, check_slot_name
+from pgpoll.source.publications import publication_exists
+from pgpoll.errors import PublicationNotFoundError
+
+
+def _slot_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    return check_slot_name(value)
+
+
+@click.group()
+def slot() -> None:
+    """Create, drop, list, peek and advance logical replication slots."""
+
+
+@slot.command("create")
+@click.argument("name", callback=_slot_name)
+@click.option("--plugin", type=click.Choice(slot_access.PLUGINS), required=True, help="Output plugin of the slot.")
+@click.option("--two-phase", is_flag=True, help="Decode prepared transactions at PREPARE time.")
+@dsn_option
+def create(name: str, plugin: str, two_phase: bool, dsn: str | None) -> None:
+    """Create logical replication slot NAME."""
+    conn = connect(target(dsn))
+    try:
+        info = slot_access.create_slot(conn, name, plugin, two_phase=two_phase)
+    finally:
+        conn.close()
+    click.echo(f"created slot {info.name} (plugin {info.plugin}) at {info.confirmed_flush_lsn}")
+
+
+@slot.command("drop")
+@click.argument("name", callback=_slot_name)
+@click.option("--if-exists", is_flag=True, help="Succeed when the slot does not exist.")
+@dsn_option
+def drop(name: str, if_exists: bool, dsn: str | None) -> None:
+    """Drop replication slot NAME (its unread changes are lost)."""
+    conn = connect(target(dsn))
+    try:
+        dropped = slot_access.drop_slot(conn, name, if_exists=if_exists)
+    finally:
+        conn.close()
+    click.echo(f"dropped slot {name}" if dropped else f"slot {name} does not exist; nothing to do")
+
+
+@slot.command("list")
+@json_option
+@dsn_option
+def list_(as_json: bool, dsn: str | None) -> None:
+    """List replication slots with their position, lag and WAL status."""
+    conn = connect(target(dsn))
+    try:
+        infos = slot_access.list_slots(conn)
+    finally:
+        conn.close()
+    if as_json:
+        for info in infos:
+            echo_json(info.as_json())
+        return
+    echo_table(
+        ["slot", "plugin", "database", "active", "restart_lsn", "confirmed_lsn", "wal_status", "lag_bytes", "safe_wal_size"],
+        [
+            [i.name, i.plugin, i.database, "yes" if i.active else "no", i.restart_lsn, i.confirmed_flush_lsn,
+             i.wal_status, i.lag_bytes, i.safe_wal_size]
+            for i in infos
+        ],
+    )
+
+
+@slot.command("peek")
+@click.argument("name", callback=_slot_name)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Stop after about N rows (upto_nchanges).")
+@click.option("--publication", "publications", multiple=True, help="Publication to decode (pgoutput; repeatable).")
+@json_option
+@dsn_option
+def peek(name: str, limit: int | None, publications: tuple[str, ...], as_json: bool, dsn: str | None) -> None:
+    """Show what slot NAME holds, without consuming anything."""
+    conn = connect(target(dsn))
+    try:
+        info = slot_access.get_slot(conn, name)
+        plugin = slot_access.check_plugin(info, "auto")
+        for pub in publications:
+            check_identifier(pub, "publication name")
+            if not publication_exists(conn, pub):
+                raise PublicationNotFoundError(
+                    f'publication "{pub}" does not exist', "create it: pgpoll publication create NAME --table schema.tbl"
+                )
+        if plugin == "pgoutput" and not publications:
+            raise ConfigError("slot uses pgoutput, which needs a publication", "pass --publication NAME")
+        options = slot_access.peek_options(plugin, publications=list(publications))
+        count = 0
+        for lsn, xid, data in slot_access.peek_rows(conn, name, plugin, upto_nchanges=limit, options=options):
+            if limit is not None and count >= limit:
+                break
+            count += 1
+            if as_json:
+                row: dict[str, object] = {"lsn": str(lsn), "xid": xid}
+                if isinstance(data, bytes):
+                    row["data_hex"] = data.hex()
+                else:
+                    row["data"] = data
+                echo_json(row)
+            elif isinstance(data, bytes):
+                click.echo(f"{lsn}\t{xid}\t{chr(data[0]) if data else ''} {data.hex()}")
+            else:
+                click.echo(f"{lsn}\t{xid}\t{data}")
+    finally:
+        conn.close()
+
+
+@slot.command("advance")
+@click.argument("name", callback=_slot_name)
+@click.argument("lsn")
+@dsn_option
+def advance(name: str, lsn: str, dsn: str | None) -> None:
+    """Advance slot NAME to LSN (a no-op when it is already there or past it)."""
+    position = Lsn.parse(lsn)
+    conn = connect(target(dsn))
+    try:
+        result = slot_access.advance_slot(conn, name, position)
+    finally:
+        conn.close()
+    if result.moved:
+        click.echo(f"advanced slot {name} from {result.before} to {result.after}")
+    else:
+        click.echo(f"slot {name} is already at {result.before}; nothing to do")

@@ -1,0 +1,156 @@
+"""The one error hierarchy of pgpoll.
+
+Every error pgpoll raises on purpose derives from :class:`PgpollError`. The
+library never exits; the CLI boundary (``pgpoll.cli.exitcodes``) maps each
+class to a documented exit code. Messages are one or two lines: what failed,
+then how to fix it. Errors pickle cleanly (Spark ships them between
+processes), so every attribute is passed through ``__init__``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PgpollError(Exception):
+    """Base of every error pgpoll raises on purpose.
+
+    Parameters
+    ----------
+    message:
+        What failed, in one line.
+    hint:
+        How to fix it, in one line (optional).
+    lsn, relation, message_type, sqlstate:
+        Context where known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        *,
+        lsn: str | None = None,
+        relation: str | None = None,
+        message_type: str | None = None,
+        sqlstate: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.lsn = lsn
+        self.relation = relation
+        self.message_type = message_type
+        self.sqlstate = sqlstate
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild,
+            (
+                type(self),
+                self.message,
+                self.hint,
+                {
+                    "lsn": self.lsn,
+                    "relation": self.relation,
+                    "message_type": self.message_type,
+                    "sqlstate": self.sqlstate,
+                },
+                dict(self.__dict__),
+            ),
+        )
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message}\n  fix: {self.hint}"
+        return self.message
+
+
+def _rebuild(
+    cls: type[PgpollError],
+    message: str,
+    hint: str | None,
+    context: dict[str, Any],
+    state: dict[str, Any],
+) -> PgpollError:
+    err = cls.__new__(cls)
+    PgpollError.__init__(err, message, hint, **context)
+    err.__dict__.update(state)
+    return err
+
+
+class ConfigError(PgpollError):
+    """Bad usage or configuration: a bad option, name, DSN or filter."""
+
+
+class SlotBusyError(PgpollError):
+    """Another consumer holds the slot (or pgpoll's lock for it)."""
+
+
+class SourceError(PgpollError):
+    """A precondition on the PostgreSQL side does not hold."""
+
+
+class SlotNotFoundError(SourceError):
+    """The replication slot does not exist."""
+
+
+class PublicationNotFoundError(SourceError):
+    """The publication does not exist."""
+
+
+class WrongPluginError(SourceError):
+    """The slot uses another output plugin than the one asked for."""
+
+
+class WalLevelError(SourceError):
+    """``wal_level`` is not ``logical``."""
+
+
+class PrivilegeError(SourceError):
+    """The role lacks a privilege pgpoll needs."""
+
+
+class SlotInvalidatedError(SourceError):
+    """The slot lost required WAL (``wal_status = lost``) and must be recreated."""
+
+
+class SlotExistsError(SourceError):
+    """A slot of that name already exists."""
+
+
+class ConnectionFailedError(SourceError):
+    """The server could not be reached or refused the login."""
+
+
+class SinkError(PgpollError):
+    """The output could not be written or committed."""
+
+
+class DecodeError(PgpollError):
+    """Plugin output could not be parsed.
+
+    ``offset`` is the byte (pgoutput) or character (test_decoding) offset
+    where decoding failed, where known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        *,
+        offset: int | None = None,
+        lsn: str | None = None,
+        relation: str | None = None,
+        message_type: str | None = None,
+        sqlstate: str | None = None,
+    ) -> None:
+        super().__init__(
+            message,
+            hint,
+            lsn=lsn,
+            relation=relation,
+            message_type=message_type,
+            sqlstate=sqlstate,
+        )
+        self.offset = offset

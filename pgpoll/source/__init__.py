@@ -1,0 +1,1 @@
+"""PostgreSQL side: connections, slots, publications, catalog queries. The only package that talks to the server."""

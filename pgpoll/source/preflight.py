@@ -1,0 +1,127 @@
+"""Preflight checks of a source server: what ``pgpoll check`` reports.
+
+Each check yields a :class:`CheckItem` with a status (``ok``, ``warn``,
+``fail``), the value seen and the fix. The CLI prints them as a table and
+exits 4 when any check fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import psycopg2
+
+from pgpoll.errors import (
+    PrivilegeError,
+    PublicationNotFoundError,
+    SourceError,
+    WalLevelError,
+)
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+
+
+@dataclass(frozen=True)
+class CheckItem:
+    """One preflight check."""
+
+    name: str
+    status: str
+    value: str
+    fix: str = ""
+    error: Optional[type[SourceError]] = None
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {"check": self.name, "status": self.status, "value": self.value, "fix": self.fix}
+
+
+def _setting(cur: Any, name: str) -> str:
+    cur.execute("SELECT current_setting(%s, true)", (name,))
+    row = cur.fetchone()
+    return row[0] if row and row[0] is not None else ""
+
+
+def run_checks(conn: Any, *, plugin: str | None = None, publication: str | None = None) -> list[CheckItem]:
+    """Run every check against the connected server."""
+    items: list[CheckItem] = []
+    with conn.cursor() as cur:
+        version_num = int(_setting(cur, "server_version_num") or 0)
+        version = _setting(cur, "server_version")
+        items.append(
+            CheckItem("server version", OK if version_num >= 150000 else WARN, version,
+                      "" if version_num >= 150000 else "pgpoll is tested on PostgreSQL 15 to 18; upgrade the server")
+        )
+        wal_level = _setting(cur, "wal_level")
+        items.append(
+            CheckItem(
+                "wal_level",
+                OK if wal_level == "logical" else FAIL,
+                wal_level,
+                "" if wal_level == "logical" else "set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart the server",
+                None if wal_level == "logical" else WalLevelError,
+            )
+        )
+        max_slots = int(_setting(cur, "max_replication_slots") or 0)
+        cur.execute("SELECT count(*) FROM pg_replication_slots")
+        used = int(cur.fetchone()[0])
+        free = max_slots - used
+        items.append(
+            CheckItem("free replication slots", OK if free > 0 else FAIL, f"{free} of {max_slots}",
+                      "" if free > 0 else "raise max_replication_slots and restart, or drop unused slots (pgpoll slot list)",
+                      None if free > 0 else SourceError)
+        )
+        max_senders = int(_setting(cur, "max_wal_senders") or 0)
+        cur.execute("SELECT count(*) FROM pg_stat_replication")
+        senders_used = int(cur.fetchone()[0])
+        items.append(
+            CheckItem("free wal senders", OK if max_senders - senders_used > 0 else WARN,
+                      f"{max_senders - senders_used} of {max_senders}",
+                      "" if max_senders - senders_used > 0 else "pgpoll's SQL interface needs none, but pg_recvlogical does: raise max_wal_senders")
+        )
+        cur.execute("SELECT current_user, rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user")
+        user, is_super, is_repl = cur.fetchone()
+        priv_ok = bool(is_super or is_repl)
+        items.append(
+            CheckItem(
+                "role can use slots",
+                OK if priv_ok else FAIL,
+                f"{user} ({'superuser' if is_super else 'replication' if is_repl else 'no REPLICATION'})",
+                "" if priv_ok else f"ALTER ROLE {user} REPLICATION (see sql/least_privilege.sql)",
+                None if priv_ok else PrivilegeError,
+            )
+        )
+        keep = _setting(cur, "max_slot_wal_keep_size")
+        items.append(
+            CheckItem("max_slot_wal_keep_size", WARN if keep in ("-1", "") else OK, keep or "unknown",
+                      "unlimited: a stalled slot can fill the disk; set a limit and monitor wal_status" if keep in ("-1", "") else "")
+        )
+    if plugin:
+        items.append(_check_plugin(conn, plugin, wal_level == "logical" and priv_ok))
+    if publication:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,))
+            exists = cur.fetchone() is not None
+        items.append(
+            CheckItem(f"publication {publication}", OK if exists else FAIL, "exists" if exists else "missing",
+                      "" if exists else "create it: pgpoll publication create NAME --table schema.tbl",
+                      None if exists else PublicationNotFoundError)
+        )
+    return items
+
+
+def _check_plugin(conn: Any, plugin: str, can_probe: bool) -> CheckItem:
+    if plugin == "pgoutput":
+        return CheckItem("plugin pgoutput", OK, "built in")
+    if not can_probe:
+        return CheckItem(f"plugin {plugin}", WARN, "not checked", "fix the failures above first")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_create_logical_replication_slot('pgpoll_check_probe_' || pg_backend_pid(), %s, true)", (plugin,))
+            cur.execute("SELECT pg_drop_replication_slot('pgpoll_check_probe_' || pg_backend_pid())")
+    except psycopg2.Error as exc:
+        first = (exc.pgerror or str(exc)).strip().splitlines()[0] if (exc.pgerror or str(exc)).strip() else "error"
+        return CheckItem(f"plugin {plugin}", FAIL, first,
+                         f"install {plugin} on the server (Debian: postgresql-contrib) or use --plugin pgoutput", SourceError)
+    return CheckItem(f"plugin {plugin}", OK, "available")

@@ -1,0 +1,222 @@
+"""Publications: create, drop and show, with column lists and row filters.
+
+A table is given as ``schema.tbl [(col, ...)] [WHERE (expr)]``. Names are
+parsed and re-quoted; the row filter is user SQL by nature, so it is checked
+to be exactly one parenthesised expression (balanced parentheses, no ``;``
+and no comments outside string literals) before it reaches the server, which
+then applies its own rules for row filters.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import psycopg2
+from psycopg2 import sql
+
+from pgpoll.errors import ConfigError, PublicationNotFoundError
+from pgpoll.source.names import QualifiedName, check_identifier, parse_column_list, parse_qualified_name
+from pgpoll.source.server_errors import translate
+
+PUBLISH_ACTIONS = ("insert", "update", "delete", "truncate")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One ``--table`` argument, parsed."""
+
+    name: QualifiedName
+    columns: Optional[tuple[str, ...]] = None
+    row_filter: Optional[str] = None
+
+    def sql(self) -> sql.Composable:
+        """``TABLE "s"."t" ("a", "b") WHERE (expr)`` as SQL."""
+        parts: list[sql.Composable] = [sql.SQL("TABLE "), self.name.sql()]
+        if self.columns:
+            parts.append(sql.SQL(" ({})").format(sql.SQL(", ").join(sql.Identifier(c) for c in self.columns)))
+        if self.row_filter:
+            parts.append(sql.SQL(" WHERE ") + sql.SQL(self.row_filter))
+        return sql.Composed(parts)
+
+
+def _check_expression(expr: str, spec: str) -> str:
+    """``expr`` must be one balanced ``( ... )`` with no statement break or comment outside literals."""
+    if not expr.startswith("("):
+        raise ConfigError(f"row filter in {spec!r} must be in parentheses", "write: --table 'schema.tbl WHERE (expr)'")
+    depth = 0
+    i = 0
+    n = len(expr)
+    while i < n:
+        ch = expr[i]
+        if ch in ("'", '"'):
+            j = i + 1
+            while True:
+                j = expr.find(ch, j)
+                if j < 0:
+                    raise ConfigError(f"unterminated {ch} in row filter of {spec!r}", "close every quote")
+                if j + 1 < n and expr[j + 1] == ch:
+                    j += 2
+                    continue
+                break
+            i = j + 1
+            continue
+        if ch == ";" or expr.startswith("--", i) or expr.startswith("/*", i) or ch == "$":
+            raise ConfigError(
+                f"row filter of {spec!r} contains {ch!r} outside a string literal",
+                "a row filter is one expression: comparisons, AND/OR/NOT, IS NULL, IN, constants",
+            )
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0 and expr[i + 1 :].strip():
+                raise ConfigError(
+                    f"unexpected text after the row filter in {spec!r}: {expr[i + 1:].strip()!r}",
+                    "write: --table 'schema.tbl [(col, ...)] [WHERE (expr)]'",
+                )
+            if depth < 0:
+                break
+        i += 1
+    if depth != 0:
+        raise ConfigError(f"unbalanced parentheses in row filter of {spec!r}", "close every (")
+    return expr.strip()
+
+
+def parse_table_spec(spec: str) -> TableSpec:
+    """Parse ``schema.tbl [(col, ...)] [WHERE (expr)]``."""
+    name, pos = parse_qualified_name(spec)
+    while pos < len(spec) and spec[pos].isspace():
+        pos += 1
+    columns: Optional[tuple[str, ...]] = None
+    if spec.startswith("(", pos):
+        cols, pos = parse_column_list(spec, pos)
+        columns = tuple(cols)
+    rest = spec[pos:].strip()
+    row_filter: Optional[str] = None
+    if rest:
+        m = re.match(r"(?i)where\s*", rest)
+        if not m:
+            raise ConfigError(
+                f"unexpected {rest!r} in table {spec!r}", "write: --table 'schema.tbl [(col, ...)] [WHERE (expr)]'"
+            )
+        row_filter = _check_expression(rest[m.end() :].strip(), spec)
+    return TableSpec(name, columns, row_filter)
+
+
+def create_publication(
+    conn: Any,
+    name: str,
+    *,
+    all_tables: bool = False,
+    tables: list[TableSpec] | None = None,
+    publish: list[str] | None = None,
+    via_partition_root: bool = False,
+) -> None:
+    """CREATE PUBLICATION with quoted names; exactly one of ``all_tables``/``tables``."""
+    check_identifier(name, "publication name")
+    if all_tables == bool(tables):
+        raise ConfigError("give either --all-tables or one or more --table", "e.g. --table public.orders")
+    query: sql.Composable = sql.SQL("CREATE PUBLICATION {} ").format(sql.Identifier(name))
+    if all_tables:
+        query += sql.SQL("FOR ALL TABLES")
+    else:
+        query += sql.SQL("FOR ") + sql.SQL(", ").join(t.sql() for t in tables or [])
+    with_opts: list[sql.Composable] = []
+    if publish is not None:
+        bad = [p for p in publish if p not in PUBLISH_ACTIONS]
+        if bad or not publish:
+            raise ConfigError(f"unknown --publish action(s) {bad or publish}", "use a comma list of insert,update,delete,truncate")
+        with_opts.append(sql.SQL("publish = {}").format(sql.Literal(", ".join(publish))))
+    if via_partition_root:
+        with_opts.append(sql.SQL("publish_via_partition_root = true"))
+    if with_opts:
+        query += sql.SQL(" WITH (") + sql.SQL(", ").join(with_opts) + sql.SQL(")")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(query)
+    except psycopg2.Error as exc:
+        raise translate(exc) from None
+
+
+def drop_publication(conn: Any, name: str, *, if_exists: bool = False) -> bool:
+    """DROP PUBLICATION; returns False when absent and ``if_exists``."""
+    check_identifier(name, "publication name")
+    if not publication_exists(conn, name):
+        if if_exists:
+            return False
+        raise PublicationNotFoundError(f'publication "{name}" does not exist', "check the name with: pgpoll publication show NAME")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(name)))
+    except psycopg2.Error as exc:
+        raise translate(exc) from None
+    return True
+
+
+def publication_exists(conn: Any, name: str) -> bool:
+    """True when the publication exists in the connected database."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,))
+        return cur.fetchone() is not None
+
+
+@dataclass(frozen=True)
+class PublishedTable:
+    """A table of a publication as PostgreSQL reports it."""
+
+    schema: str
+    table: str
+    columns: Optional[tuple[str, ...]]
+    row_filter: Optional[str]
+
+
+@dataclass(frozen=True)
+class PublicationInfo:
+    """A publication and its tables."""
+
+    name: str
+    all_tables: bool
+    publish: tuple[str, ...]
+    via_partition_root: bool
+    tables: tuple[PublishedTable, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "publication": self.name,
+            "all_tables": self.all_tables,
+            "publish": list(self.publish),
+            "via_partition_root": self.via_partition_root,
+            "tables": [
+                {"schema": t.schema, "table": t.table, "columns": list(t.columns) if t.columns else None, "row_filter": t.row_filter}
+                for t in self.tables
+            ],
+        }
+
+
+def show_publication(conn: Any, name: str) -> PublicationInfo:
+    """The publication, its actions and each table's column list and row filter."""
+    check_identifier(name, "publication name")
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot "
+            "FROM pg_publication WHERE pubname = %s",
+            (name,),
+        )
+        row = cur.fetchone()
+        if row is None:
+            raise PublicationNotFoundError(
+                f'publication "{name}" does not exist', "create it: pgpoll publication create NAME --table schema.tbl"
+            )
+        publish = tuple(a for a, on in zip(PUBLISH_ACTIONS, row[1:5]) if on)
+        cur.execute(
+            "SELECT schemaname, tablename, attnames::text[], rowfilter FROM pg_publication_tables "
+            "WHERE pubname = %s ORDER BY schemaname, tablename",
+            (name,),
+        )
+        tables = []
+        for schema, table, attnames, rowfilter in cur.fetchall():
+            tables.append(PublishedTable(schema, table, tuple(attnames) if attnames else None, rowfilter))
+    return PublicationInfo(name, bool(row[0]), publish, bool(row[5]), tuple(tables))

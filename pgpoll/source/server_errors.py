@@ -1,0 +1,104 @@
+"""Translate PostgreSQL errors (psycopg2 exceptions) into pgpoll's error hierarchy.
+
+Also decides which errors are *transient* — worth a retry at an I/O edge:
+a lost connection, an administrator's shutdown or termination, a server
+starting up or in recovery. Nothing else is retried.
+"""
+
+from __future__ import annotations
+
+import psycopg2
+
+from pgpoll.errors import (
+    ConnectionFailedError,
+    PgpollError,
+    PrivilegeError,
+    SlotBusyError,
+    SlotExistsError,
+    SlotInvalidatedError,
+    SlotNotFoundError,
+    SourceError,
+    WalLevelError,
+)
+from pgpoll.source.connection import redact
+
+# SQLSTATEs of failures that a new connection can get past.
+TRANSIENT_SQLSTATES = frozenset(
+    {
+        "57P01",  # admin_shutdown (also pg_terminate_backend)
+        "57P02",  # crash_shutdown
+        "57P03",  # cannot_connect_now (starting up, shutting down, recovery)
+        "08000",
+        "08003",
+        "08006",
+        "08001",
+        "08004",
+    }
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors a retry on a fresh connection can fix."""
+    if isinstance(exc, ConnectionFailedError):
+        return True
+    if isinstance(exc, psycopg2.Error):
+        code = getattr(exc, "pgcode", None)
+        if code in TRANSIENT_SQLSTATES:
+            return True
+        if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and code is None:
+            return True
+    if isinstance(exc, PgpollError) and exc.sqlstate in TRANSIENT_SQLSTATES:
+        return True
+    return False
+
+
+def _first_line(exc: psycopg2.Error) -> str:
+    text = (getattr(exc, "pgerror", None) or str(exc) or type(exc).__name__).strip()
+    line = text.splitlines()[0] if text else type(exc).__name__
+    if line.startswith("ERROR:"):
+        line = line[len("ERROR:") :].strip()
+    return redact(line)
+
+
+def translate(exc: psycopg2.Error, *, slot: str | None = None) -> PgpollError:
+    """Map a psycopg2 error to the most specific pgpoll error, with a fix."""
+    code = getattr(exc, "pgcode", None)
+    msg = _first_line(exc)
+    low = msg.lower()
+    if code == "55006" or "is active for pid" in low:
+        return SlotBusyError(
+            f"slot {slot or ''} is in use by another consumer: {msg}".replace("slot  ", "slot "),
+            "wait for the other run to finish (or stop it), then try again",
+            sqlstate=code,
+        )
+    if code == "42704" and "replication slot" in low:
+        return SlotNotFoundError(msg, "create it with: pgpoll slot create NAME --plugin ...", sqlstate=code)
+    if code == "42710" and "replication slot" in low:
+        return SlotExistsError(msg, "choose another name, or drop the old slot: pgpoll slot drop NAME", sqlstate=code)
+    if "wal_level" in low:
+        return WalLevelError(msg, "set wal_level = logical in postgresql.conf and restart the server", sqlstate=code)
+    if "can no longer get changes" in low or "has been invalidated" in low or "this slot has been invalidated" in low:
+        return SlotInvalidatedError(
+            msg,
+            "the slot lost WAL it needed: drop and recreate it, then re-snapshot the captured tables",
+            sqlstate=code,
+        )
+    if code == "42501" or "permission denied" in low or "must be superuser or replication role" in low:
+        return PrivilegeError(
+            msg,
+            "grant the role REPLICATION (ALTER ROLE name REPLICATION) and SELECT on the captured tables; see sql/least_privilege.sql",
+            sqlstate=code,
+        )
+    if code == "42704" and "publication" in low:
+        from pgpoll.errors import PublicationNotFoundError
+
+        return PublicationNotFoundError(msg, "create it: pgpoll publication create NAME --table ...", sqlstate=code)
+    if code == "58P01" or "could not access file" in low:
+        return SourceError(msg, "the output plugin is not installed on the server; install it or use --plugin pgoutput", sqlstate=code)
+    if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) or (code or "").startswith(("08", "57P")):
+        return ConnectionFailedError(
+            f"lost the connection to the server: {msg}",
+            "check that the server is up and reachable, then run again",
+            sqlstate=code,
+        )
+    return SourceError(msg, "see the server log for details", sqlstate=code)

@@ -1,0 +1,279 @@
+"""Replication slot access: create, drop, list, peek and advance.
+
+This module is the only place that reads from or moves a slot. Every call
+takes an open psycopg2 connection (autocommit) from
+:func:`pgpoll.source.connection.connect`; slot names are checked with
+:func:`pgpoll.source.names.check_slot_name` and always bound as parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import psycopg2
+import psycopg2.extensions
+
+from pgpoll.errors import ConfigError, SlotNotFoundError, WrongPluginError
+from pgpoll.lsn import Lsn, lsn_or_none
+from pgpoll.source.names import check_slot_name
+from pgpoll.source.server_errors import translate
+
+PLUGINS = ("test_decoding", "pgoutput")
+BINARY_PLUGINS = frozenset({"pgoutput"})
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """One row of ``pg_replication_slots`` with the lag pgpoll reports."""
+
+    name: str
+    plugin: Optional[str]
+    slot_type: str
+    database: Optional[str]
+    active: bool
+    active_pid: Optional[int]
+    restart_lsn: Optional[Lsn]
+    confirmed_flush_lsn: Optional[Lsn]
+    wal_status: Optional[str]
+    safe_wal_size: Optional[int]
+    lag_bytes: Optional[int]
+    two_phase: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (LSNs as PostgreSQL text)."""
+        return {
+            "slot": self.name,
+            "plugin": self.plugin,
+            "slot_type": self.slot_type,
+            "database": self.database,
+            "active": self.active,
+            "active_pid": self.active_pid,
+            "restart_lsn": str(self.restart_lsn) if self.restart_lsn is not None else None,
+            "confirmed_flush_lsn": str(self.confirmed_flush_lsn) if self.confirmed_flush_lsn is not None else None,
+            "wal_status": self.wal_status,
+            "safe_wal_size": self.safe_wal_size,
+            "lag_bytes": self.lag_bytes,
+            "two_phase": self.two_phase,
+        }
+
+
+_SLOT_QUERY = """
+SELECT slot_name, plugin, slot_type, database, active, active_pid,
+       restart_lsn::text, confirmed_flush_lsn::text, wal_status, safe_wal_size,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), coalesce(confirmed_flush_lsn, restart_lsn))::bigint,
+       two_phase
+FROM pg_replication_slots
+"""
+
+
+def _row_to_info(row: tuple[Any, ...]) -> SlotInfo:
+    return SlotInfo(
+        name=row[0],
+        plugin=row[1],
+        slot_type=row[2],
+        database=row[3],
+        active=bool(row[4]),
+        active_pid=row[5],
+        restart_lsn=lsn_or_none(row[6]),
+        confirmed_flush_lsn=lsn_or_none(row[7]),
+        wal_status=row[8],
+        safe_wal_size=row[9],
+        lag_bytes=row[10],
+        two_phase=bool(row[11]),
+    )
+
+
+def list_slots(conn: Any) -> list[SlotInfo]:
+    """Every replication slot on the server, by name."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute(_SLOT_QUERY + " ORDER BY slot_name")
+            return [_row_to_info(r) for r in cur.fetchall()]
+    except psycopg2.Error as exc:
+        raise translate(exc) from None
+
+
+def get_slot(conn: Any, name: str) -> SlotInfo:
+    """The slot ``name``; :class:`SlotNotFoundError` when it does not exist."""
+    check_slot_name(name)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(_SLOT_QUERY + " WHERE slot_name = %s", (name,))
+            row = cur.fetchone()
+    except psycopg2.Error as exc:
+        raise translate(exc, slot=name) from None
+    if row is None:
+        raise SlotNotFoundError(
+            f'replication slot "{name}" does not exist',
+            f"create it with: pgpoll slot create {name} --plugin pgoutput (or test_decoding)",
+        )
+    return _row_to_info(row)
+
+
+def check_plugin(info: SlotInfo, plugin: str) -> str:
+    """Resolve ``auto`` to the slot's plugin; refuse a mismatch or an unsupported plugin."""
+    if info.slot_type != "logical":
+        raise WrongPluginError(
+            f'slot "{info.name}" is a physical slot', "create a logical slot: pgpoll slot create NAME --plugin pgoutput"
+        )
+    if plugin == "auto":
+        plugin = info.plugin or ""
+    if info.plugin != plugin:
+        raise WrongPluginError(
+            f'slot "{info.name}" uses plugin {info.plugin}, not {plugin}',
+            f"pass --plugin {info.plugin} (or auto), or create a new slot with --plugin {plugin}",
+        )
+    if plugin not in PLUGINS:
+        raise WrongPluginError(
+            f'slot "{info.name}" uses plugin {plugin}, which pgpoll cannot read',
+            "create a slot with --plugin pgoutput or --plugin test_decoding",
+        )
+    return plugin
+
+
+def create_slot(conn: Any, name: str, plugin: str, *, two_phase: bool = False) -> SlotInfo:
+    """Create a logical slot; returns its row."""
+    check_slot_name(name)
+    if plugin not in PLUGINS:
+        raise ConfigError(f"unknown plugin {plugin!r}", "use --plugin pgoutput or --plugin test_decoding")
+    try:
+        with conn.cursor() as cur:
+            if two_phase:
+                cur.execute(
+                    "SELECT 1 FROM pg_create_logical_replication_slot(%s, %s, false, true)", (name, plugin)
+                )
+            else:
+                cur.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, %s)", (name, plugin))
+    except psycopg2.Error as exc:
+        raise translate(exc, slot=name) from None
+    return get_slot(conn, name)
+
+
+def drop_slot(conn: Any, name: str, *, if_exists: bool = False) -> bool:
+    """Drop the slot; returns False when it did not exist and ``if_exists`` is set."""
+    check_slot_name(name)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (name,))
+            if cur.fetchone() is None:
+                if if_exists:
+                    return False
+                raise SlotNotFoundError(
+                    f'replication slot "{name}" does not exist', "check the name with: pgpoll slot list (or pass --if-exists)"
+                )
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+    except psycopg2.Error as exc:
+        raise translate(exc, slot=name) from None
+    return True
+
+
+@dataclass(frozen=True)
+class AdvanceResult:
+    """What :func:`advance_slot` did."""
+
+    slot: str
+    target: Lsn
+    before: Optional[Lsn]
+    after: Optional[Lsn]
+    moved: bool
+
+
+def advance_slot(conn: Any, name: str, target: Lsn) -> AdvanceResult:
+    """Move ``confirmed_flush_lsn`` to ``target``; idempotent.
+
+    A target at or below the slot's confirmed position is a successful no-op
+    (PostgreSQL itself raises an error for a target below it). A target past
+    the end of WAL is clamped by the server.
+    """
+    info = get_slot(conn, name)
+    before = info.confirmed_flush_lsn
+    if int(target) == 0:
+        raise ConfigError("cannot advance a slot to 0/0", "give an LSN after the slot's position")
+    if before is not None and target <= before:
+        return AdvanceResult(name, target, before, before, False)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)", (name, str(target)))
+            row = cur.fetchone()
+    except psycopg2.Error as exc:
+        if "minimum is" in (getattr(exc, "pgerror", "") or ""):
+            after = get_slot(conn, name).confirmed_flush_lsn
+            return AdvanceResult(name, target, before, after, False)
+        raise translate(exc, slot=name) from None
+    after = lsn_or_none(row[0]) if row else None
+    return AdvanceResult(name, target, before, after, after != before)
+
+
+def peek_options(plugin: str, *, publications: list[str] | None = None, proto_version: int = 1) -> list[str]:
+    """The plugin options pgpoll passes to a peek, as a flat name/value list."""
+    if plugin == "pgoutput":
+        if not publications:
+            raise ConfigError("pgoutput needs a publication", "pass --publication NAME (create one with: pgpoll publication create)")
+        return [
+            "proto_version", str(proto_version),
+            "publication_names", ",".join(_quote_pubname(p) for p in publications),
+            "messages", "true",
+        ]
+    return ["include-xids", "1", "include-timestamp", "1", "skip-empty-xacts", "1"]
+
+
+def _quote_pubname(name: str) -> str:
+    # pgoutput splits publication_names with SplitIdentifierString: quote every name.
+    return '"' + name.replace('"', '""') + '"'
+
+
+def peek_rows(
+    conn: Any,
+    name: str,
+    plugin: str,
+    *,
+    upto_lsn: Lsn | None = None,
+    upto_nchanges: int | None = None,
+    options: list[str],
+    itersize: int = 10000,
+) -> Iterator[tuple[Lsn, Optional[int], Any]]:
+    """Stream ``(lsn, xid, data)`` rows of a peek through a server-side cursor.
+
+    Never consumes: the slot does not move. ``data`` is ``str`` for
+    test_decoding and ``bytes`` for pgoutput. The connection must not be in
+    autocommit for the named cursor; this function opens and ends its own
+    transaction.
+    """
+    func = "pg_logical_slot_peek_binary_changes" if plugin in BINARY_PLUGINS else "pg_logical_slot_peek_changes"
+    placeholders = ", ".join(["%s"] * len(options))
+    query = (
+        f"SELECT lsn::text, xid::text::bigint, data FROM {func}(%s, %s::pg_lsn, %s"
+        + (", " + placeholders if options else "")
+        + ")"
+    )
+    params: list[Any] = [name, str(upto_lsn) if upto_lsn is not None else None, upto_nchanges, *options]
+    autocommit = conn.autocommit
+    conn.autocommit = False
+    try:
+        with conn.cursor(name="pgpoll_peek") as cur:
+            cur.itersize = itersize
+            cur.execute(query, params)
+            for lsn_text, xid, data in cur:
+                yield Lsn.parse(lsn_text), xid, (bytes(data) if isinstance(data, memoryview) else data)
+        conn.commit()
+    except psycopg2.Error as exc:
+        try:
+            conn.rollback()
+        except psycopg2.Error:
+            pass
+        raise translate(exc, slot=name) from None
+    finally:
+        _end_transaction(conn, autocommit)
+
+
+def _end_transaction(conn: Any, autocommit: bool) -> None:
+    """Leave the connection idle in its old autocommit mode (also after an early stop)."""
+    if conn.closed:
+        return
+    try:
+        if conn.get_transaction_status() != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+            conn.rollback()
+        conn.autocommit = autocommit
+    except psycopg2.Error:
+        pass

@@ -1,0 +1,1 @@
+"""Test support: throwaway PostgreSQL clusters and the pytest plugin that serves them."""

