@@ -6,13 +6,12 @@ import click
 
 from pgpoll.cli.options import dsn_option, json_option, target
 from pgpoll.cli.output import echo_json, echo_table
-from pgpoll.errors import ConfigError
+from pgpoll.errors import ConfigError, PublicationNotFoundError
 from pgpoll.lsn import Lsn
 from pgpoll.source import slots as slot_access
 from pgpoll.source.connection import connect
 from pgpoll.source.names import check_identifier, check_slot_name
 from pgpoll.source.publications import publication_exists
-from pgpoll.errors import PublicationNotFoundError
 
 
 def _slot_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -71,10 +70,17 @@ def list_(as_json: bool, dsn: str | None) -> None:
         ["slot", "plugin", "database", "active", "restart_lsn", "confirmed_lsn", "wal_status", "lag_bytes", "safe_wal_size"],
         [
             [i.name, i.plugin, i.database, "yes" if i.active else "no", i.restart_lsn, i.confirmed_flush_lsn,
-             i.wal_status, i.lag_bytes, i.safe_wal_size]
+             i.wal_status, i.lag_bytes, _safe_wal_size(i)]
             for i in infos
         ],
     )
+
+
+def _safe_wal_size(info: slot_access.SlotInfo) -> object:
+    # NULL means no max_slot_wal_keep_size limit, unless the slot lost its WAL.
+    if info.safe_wal_size is None and info.wal_status in ("reserved", "extended"):
+        return "unlimited"
+    return info.safe_wal_size
 
 
 @slot.command("peek")
@@ -87,7 +93,7 @@ def peek(name: str, limit: int | None, publications: tuple[str, ...], as_json: b
     """Show what slot NAME holds, without consuming anything."""
     conn = connect(target(dsn))
     try:
-        info = slot_access.get_slot(conn, name)
+        info = slot_access.check_usable(slot_access.get_slot(conn, name))
         plugin = slot_access.check_plugin(info, "auto")
         for pub in publications:
             check_identifier(pub, "publication name")
@@ -98,24 +104,31 @@ def peek(name: str, limit: int | None, publications: tuple[str, ...], as_json: b
         if plugin == "pgoutput" and not publications:
             raise ConfigError("slot uses pgoutput, which needs a publication", "pass --publication NAME")
         options = slot_access.peek_options(plugin, publications=list(publications))
-        count = 0
-        for lsn, xid, data in slot_access.peek_rows(conn, name, plugin, upto_nchanges=limit, options=options):
+        rows = slot_access.peek_rows(conn, name, plugin, upto_nchanges=limit, options=options, raw_text=True)
+        for count, (lsn, xid, data) in enumerate(rows):
             if limit is not None and count >= limit:
                 break
-            count += 1
+            text = _as_text(data) if plugin not in slot_access.BINARY_PLUGINS else None
             if as_json:
                 row: dict[str, object] = {"lsn": str(lsn), "xid": xid}
-                if isinstance(data, bytes):
-                    row["data_hex"] = data.hex()
+                if text is None:
+                    row["data_hex"] = data.hex()  # binary plugin output, or text that is not UTF-8
                 else:
-                    row["data"] = data
+                    row["data"] = text
                 echo_json(row)
-            elif isinstance(data, bytes):
+            elif text is None:
                 click.echo(f"{lsn}\t{xid}\t{chr(data[0]) if data else ''} {data.hex()}")
             else:
-                click.echo(f"{lsn}\t{xid}\t{data}")
+                click.echo(f"{lsn}\t{xid}\t{text}")
     finally:
         conn.close()
+
+
+def _as_text(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 @slot.command("advance")

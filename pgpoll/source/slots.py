@@ -14,7 +14,7 @@ from typing import Any, Iterator, Optional
 import psycopg2
 import psycopg2.extensions
 
-from pgpoll.errors import ConfigError, SlotNotFoundError, WrongPluginError
+from pgpoll.errors import ConfigError, SlotInvalidatedError, SlotNotFoundError, WrongPluginError
 from pgpoll.lsn import Lsn, lsn_or_none
 from pgpoll.source.names import check_slot_name
 from pgpoll.source.server_errors import translate
@@ -111,6 +111,17 @@ def get_slot(conn: Any, name: str) -> SlotInfo:
     return _row_to_info(row)
 
 
+def check_usable(info: SlotInfo) -> SlotInfo:
+    """Refuse a slot that lost the WAL it needs (``wal_status = lost``); return it otherwise."""
+    if info.wal_status == "lost":
+        raise SlotInvalidatedError(
+            f'replication slot "{info.name}" has been invalidated (wal_status lost): the WAL it needed was removed',
+            f"drop and recreate it (pgpoll slot drop {info.name}; pgpoll slot create {info.name} --plugin "
+            f"{info.plugin}), then re-snapshot the captured tables",
+        )
+    return info
+
+
 def check_plugin(info: SlotInfo, plugin: str) -> str:
     """Resolve ``auto`` to the slot's plugin; refuse a mismatch or an unsupported plugin."""
     if info.slot_type != "logical":
@@ -186,10 +197,10 @@ def advance_slot(conn: Any, name: str, target: Lsn) -> AdvanceResult:
     (PostgreSQL itself raises an error for a target below it). A target past
     the end of WAL is clamped by the server.
     """
-    info = get_slot(conn, name)
-    before = info.confirmed_flush_lsn
     if int(target) == 0:
         raise ConfigError("cannot advance a slot to 0/0", "give an LSN after the slot's position")
+    info = check_usable(get_slot(conn, name))
+    before = info.confirmed_flush_lsn
     if before is not None and target <= before:
         return AdvanceResult(name, target, before, before, False)
     try:
@@ -215,7 +226,10 @@ def peek_options(plugin: str, *, publications: list[str] | None = None, proto_ve
             "publication_names", ",".join(_quote_pubname(p) for p in publications),
             "messages", "true",
         ]
-    return ["include-xids", "1", "include-timestamp", "1", "skip-empty-xacts", "1"]
+    # No skip-empty-xacts: with it, test_decoding prints a transaction that holds
+    # only a logical message (pgpoll's heartbeat) without its COMMIT row, and
+    # COMMIT rows are the only safe positions to advance to.
+    return ["include-xids", "1", "include-timestamp", "1"]
 
 
 def _quote_pubname(name: str) -> str:
@@ -232,18 +246,20 @@ def peek_rows(
     upto_nchanges: int | None = None,
     options: list[str],
     itersize: int = 10000,
+    raw_text: bool = False,
 ) -> Iterator[tuple[Lsn, Optional[int], Any]]:
     """Stream ``(lsn, xid, data)`` rows of a peek through a server-side cursor.
 
     Never consumes: the slot does not move. ``data`` is ``str`` for
-    test_decoding and ``bytes`` for pgoutput. The connection must not be in
+    test_decoding (``bytes`` when ``raw_text``, so the caller decides what
+    to do with output that is not valid UTF-8) and ``bytes`` for pgoutput. The connection must not be in
     autocommit for the named cursor; this function opens and ends its own
     transaction.
     """
     func = "pg_logical_slot_peek_binary_changes" if plugin in BINARY_PLUGINS else "pg_logical_slot_peek_changes"
     placeholders = ", ".join(["%s"] * len(options))
     query = (
-        f"SELECT lsn::text, xid::text::bigint, data FROM {func}(%s, %s::pg_lsn, %s"
+        f"SELECT lsn, xid::text::bigint, data FROM {func}(%s, %s::pg_lsn, %s"
         + (", " + placeholders if options else "")
         + ")"
     )
@@ -253,6 +269,8 @@ def peek_rows(
     try:
         with conn.cursor(name="pgpoll_peek") as cur:
             cur.itersize = itersize
+            if raw_text:
+                psycopg2.extensions.register_type(psycopg2.extensions.BYTES, cur)
             cur.execute(query, params)
             for lsn_text, xid, data in cur:
                 yield Lsn.parse(lsn_text), xid, (bytes(data) if isinstance(data, memoryview) else data)

@@ -1,0 +1,54 @@
+"""``pgpoll ingest`` (and ``spark-submit jobs/ingest.py``, which runs this same command)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import click
+
+from pgpoll.cli.main import report_error
+from pgpoll.cli.options import dsn_option
+from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
+
+
+def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(p.strip() for v in value for p in v.split(",") if p.strip())
+
+
+@click.command("ingest")
+@click.option("--slot", required=True, help="Replication slot to drain.")
+@click.option("--output", required=True, help="Output path: a local path or any Hadoop filesystem URI.")
+@click.option("--plugin", type=click.Choice(["auto", "test_decoding", "pgoutput"]), default="auto", show_default=True,
+              help="Output plugin; auto reads it from the slot.")
+@click.option("--publication", "publications", multiple=True, callback=_csv, help="Publication(s) for pgoutput (comma list or repeated).")
+@click.option("--tables", multiple=True, callback=_csv, metavar="PATTERN,...", help="Keep only these tables (shell patterns over schema.table).")
+@click.option("--exclude-tables", multiple=True, callback=_csv, metavar="PATTERN,...", help="Leave out these tables.")
+@click.option("--max-changes", type=click.IntRange(min=1), default=None, help="Stop after about this many changes.")
+@click.option("--max-batches", type=click.IntRange(min=1), default=None, help="Stop after this many batches.")
+@click.option("--max-seconds", type=click.FloatRange(min=0), default=None, help="Start no new batch after this many seconds.")
+@click.option("--batch-changes", type=click.IntRange(min=1), default=200_000, show_default=True,
+              help="Peek at most about this many rows per batch (upto_nchanges; one transaction more at most).")
+@dsn_option
+def command(slot: str, output: str, plugin: str, publications: tuple[str, ...], tables: tuple[str, ...],
+            exclude_tables: tuple[str, ...], max_changes: int | None, max_batches: int | None,
+            max_seconds: float | None, batch_changes: int, dsn: str | None) -> None:
+    """Drain SLOT into Parquet under OUTPUT, advancing the slot only after each batch is committed.
+
+    Prints one JSON line (the run summary) on stdout; logs go to stderr.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    opts = IngestOptions(
+        slot=slot, output=output, plugin=plugin, publications=publications, tables=tables,
+        exclude_tables=exclude_tables, max_changes=max_changes, max_batches=max_batches,
+        max_seconds=max_seconds, batch_changes=batch_changes, dsn=dsn,
+    )
+    started = time.monotonic()
+    try:
+        summary = run_ingest(opts)
+    except Exception as error:
+        code = report_error(error)
+        failed = RunSummary(slot=slot, status="error", exit_code=code, seconds=round(time.monotonic() - started, 3))
+        click.echo(failed.to_json())
+        raise SystemExit(code)
+    click.echo(summary.to_json())
