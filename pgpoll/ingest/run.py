@@ -72,6 +72,7 @@ class RunSummary:
     seconds: float = 0.0
     status: str = "ok"
     exit_code: int = 0
+    task_peak_rss_kb: Optional[int] = None
     recovery: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -225,6 +226,7 @@ def run_ingest(opts: IngestOptions, spark: Any = None) -> RunSummary:
             control.advance(Lsn(outcome.advance_to))
             faults.crash_if("after-advance", fault)
             hwm = Lsn(outcome.advance_to)
+            summary.task_peak_rss_kb = max(summary.task_peak_rss_kb or 0, int(outcome.extra.get("task_peak_rss_kb", 0)))
             summary.batches += 1
             summary.changes += outcome.changes
             summary.bytes += sum(s for n, _d, s in sink.fs.list(sink.fs.path("changes", record.partition)) if n.startswith("part-")) if record.partition else 0

@@ -79,7 +79,7 @@ class BatchOutcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def make_decoder(plugin: str, proto_version: int) -> Callable[[Any, Lsn, Optional[int]], Any]:
+def make_decoder(plugin: str, proto_version: int) -> Callable[[Any, Optional[Lsn], Optional[int]], Any]:
     """A function ``(data, lsn, xid) -> Event`` for the plugin."""
     if plugin == "pgoutput":
         from pgpoll.decode.pgoutput import PgoutputDecoder
@@ -90,7 +90,7 @@ def make_decoder(plugin: str, proto_version: int) -> Callable[[Any, Lsn, Optiona
 
     td = TestDecodingDecoder()
 
-    def decode_text(data: bytes, lsn: Lsn, xid: Optional[int]) -> Any:
+    def decode_text(data: bytes, lsn: Optional[Lsn], xid: Optional[int]) -> Any:
         try:
             line = data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -98,7 +98,7 @@ def make_decoder(plugin: str, proto_version: int) -> Callable[[Any, Lsn, Optiona
                 f"test_decoding row at {lsn} is not valid UTF-8 (byte {exc.start})",
                 "the row is saved under _pgpoll/rejects/; once understood, skip it with: pgpoll slot advance SLOT <next COMMIT lsn>",
                 offset=exc.start,
-                lsn=str(lsn),
+                lsn=str(lsn) if lsn is not None else None,
             ) from None
         return td.decode(line, lsn=lsn, xid=xid)
 
@@ -186,6 +186,12 @@ def iter_batch(spec: BatchSpec, outcome: BatchOutcome) -> Iterator[pa.RecordBatc
                 pass
 
 
+def _peak_rss_kb() -> int:
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
 def spark_task(spec: BatchSpec, accumulator: Any) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function given to ``mapInArrow``: runs :func:`iter_batch` and reports through ``accumulator``."""
 
@@ -196,6 +202,7 @@ def spark_task(spec: BatchSpec, accumulator: Any) -> Callable[[Iterator[pa.Recor
         try:
             yield from iter_batch(spec, outcome)
         finally:
+            outcome.extra["task_peak_rss_kb"] = _peak_rss_kb()
             accumulator.add({"outcome": outcome})
 
     return run

@@ -13,6 +13,7 @@ from pgpoll.errors import (
     ConnectionFailedError,
     PgpollError,
     PrivilegeError,
+    PublicationNotFoundError,
     SlotBusyError,
     SlotExistsError,
     SlotInvalidatedError,
@@ -37,19 +38,41 @@ TRANSIENT_SQLSTATES = frozenset(
 )
 
 
+# SQLSTATEs of connection failures that no retry fixes: bad password, no such
+# role or database, no CONNECT privilege, refused by pg_hba.conf.
+PERMANENT_CONNECT_SQLSTATES = frozenset({"28P01", "28000", "3D000", "42501"})
+
+
 def is_transient(exc: BaseException) -> bool:
     """True for errors a retry on a fresh connection can fix."""
     if isinstance(exc, ConnectionFailedError):
-        return True
+        return exc.sqlstate not in PERMANENT_CONNECT_SQLSTATES
     if isinstance(exc, psycopg2.Error):
         code = getattr(exc, "pgcode", None)
         if code in TRANSIENT_SQLSTATES:
             return True
         if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and code is None:
-            return True
+            return not _is_permanent_login_failure(str(exc))
     if isinstance(exc, PgpollError) and exc.sqlstate in TRANSIENT_SQLSTATES:
         return True
     return False
+
+
+_PERMANENT_LOGIN = (
+    "password authentication failed",
+    "authentication failed",
+    "no pg_hba.conf entry",
+    "does not exist",  # role or database
+    "permission denied",
+    "password is required",
+    "invalid dsn",
+    "could not translate host name",
+)
+
+
+def _is_permanent_login_failure(message: str) -> bool:
+    low = message.lower()
+    return any(p in low for p in _PERMANENT_LOGIN)
 
 
 def _first_line(exc: psycopg2.Error) -> str:
@@ -60,14 +83,28 @@ def _first_line(exc: psycopg2.Error) -> str:
     return redact(line)
 
 
+def _detail(exc: psycopg2.Error) -> str:
+    diag = getattr(exc, "diag", None)
+    return (getattr(diag, "message_detail", None) or "") if diag is not None else ""
+
+
+_INVALIDATED = (
+    "can no longer get changes",  # PG 15-17, reading
+    "can no longer access replication slot",  # PG 18
+    "has been invalidated",
+    "this slot has never previously reserved wal, or it has been invalidated",  # advance, PG 15-17
+)
+
+
 def translate(exc: psycopg2.Error, *, slot: str | None = None) -> PgpollError:
     """Map a psycopg2 error to the most specific pgpoll error, with a fix."""
     code = getattr(exc, "pgcode", None)
     msg = _first_line(exc)
     low = msg.lower()
+    both = f"{low}\n{_detail(exc).lower()}"
     if code == "55006" or "is active for pid" in low:
         return SlotBusyError(
-            f"slot {slot or ''} is in use by another consumer: {msg}".replace("slot  ", "slot "),
+            f"slot {slot} is in use by another consumer: {msg}" if slot else f"slot in use by another consumer: {msg}",
             "wait for the other run to finish (or stop it), then try again",
             sqlstate=code,
         )
@@ -77,10 +114,20 @@ def translate(exc: psycopg2.Error, *, slot: str | None = None) -> PgpollError:
         return SlotExistsError(msg, "choose another name, or drop the old slot: pgpoll slot drop NAME", sqlstate=code)
     if "wal_level" in low:
         return WalLevelError(msg, "set wal_level = logical in postgresql.conf and restart the server", sqlstate=code)
-    if "can no longer get changes" in low or "has been invalidated" in low or "this slot has been invalidated" in low:
+    if any(marker in both for marker in _INVALIDATED):
         return SlotInvalidatedError(
             msg,
             "the slot lost WAL it needed: drop and recreate it, then re-snapshot the captured tables",
+            sqlstate=code,
+        )
+    if "was not created in this database" in low:
+        return SourceError(
+            msg, "connect to the slot's database (see the database column of: pgpoll slot list)", sqlstate=code
+        )
+    if "must be owner of" in low:
+        return PrivilegeError(
+            msg,
+            "publications are created by the tables' owner (or a superuser); see sql/least_privilege.sql",
             sqlstate=code,
         )
     if code == "42501" or "permission denied" in low or "must be superuser or replication role" in low:
@@ -90,9 +137,16 @@ def translate(exc: psycopg2.Error, *, slot: str | None = None) -> PgpollError:
             sqlstate=code,
         )
     if code == "42704" and "publication" in low:
-        from pgpoll.errors import PublicationNotFoundError
-
         return PublicationNotFoundError(msg, "create it: pgpoll publication create NAME --table ...", sqlstate=code)
+    if code == "42710":
+        return SourceError(msg, "choose another name, or drop the existing one first", sqlstate=code)
+    if code == "42P01":
+        return SourceError(
+            msg, 'check the table name: unquoted names fold to lower case; double-quote others, e.g. \'"My Table"\'',
+            sqlstate=code,
+        )
+    if code == "42703":
+        return SourceError(msg, "check the column names (double-quote names with upper case or other characters)", sqlstate=code)
     if code == "58P01" or "could not access file" in low:
         return SourceError(msg, "the output plugin is not installed on the server; install it or use --plugin pgoutput", sqlstate=code)
     if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) or (code or "").startswith(("08", "57P")):

@@ -1,0 +1,34 @@
+"""``make bench``: run every benchmark and print its figures.
+
+Each benchmark starts its own throwaway PostgreSQL and prints its figures and
+ratios; nothing here asserts anything (tests assert correctness, benchmarks
+measure speed). ``PGPOLL_BENCH_CHANGES`` sets the backlog size (default 1M).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    """Run the decode and ingest benchmarks one after the other."""
+    changes = os.environ.get("PGPOLL_BENCH_CHANGES", "1000000")
+    runs = [
+        [sys.executable, str(HERE / "bench_decode.py"), "--changes", changes],
+        [sys.executable, str(HERE / "bench_ingest.py"), "--changes", changes, "--plugin", "pgoutput"],
+        [sys.executable, str(HERE / "bench_ingest.py"), "--changes", changes, "--plugin", "test_decoding", "--skip-memory"],
+    ]
+    status = 0
+    for cmd in runs:
+        print(f"\n$ {' '.join(Path(c).name if c.endswith('.py') else c for c in cmd[1:])}", flush=True)
+        status |= subprocess.run(cmd).returncode
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

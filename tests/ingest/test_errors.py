@@ -1,0 +1,131 @@
+"""Bad input and broken preconditions: documented exit code, clear message, slot unchanged, nothing visible."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+
+from tests.ingest.conftest import Capture, confirmed_lsn, ingest, make_capture, read_output
+
+
+def _assert_failed(result: Any, code: int, *phrases: str) -> None:
+    assert result.exit_code == code, (result.exit_code, result.stderr)
+    for phrase in phrases:
+        assert phrase in result.stderr, result.stderr
+    assert "fix:" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.summary is not None and result.summary["status"] == "error"
+    assert result.summary["exit_code"] == code
+
+
+def test_missing_slot_exits_4(db: Any, tmp_path: Path) -> None:
+    result = ingest(db.dsn, "--slot", "no_such_slot", "--output", str(tmp_path / "out"))
+    _assert_failed(result, 4, 'replication slot "no_such_slot" does not exist', "pgpoll slot create")
+
+
+def test_bad_slot_name_exits_2(db: Any, tmp_path: Path) -> None:
+    result = ingest(db.dsn, "--slot", "Bad-Name", "--output", str(tmp_path / "out"))
+    _assert_failed(result, 2, "lower-case letters, digits and underscores")
+
+
+def test_wrong_plugin_exits_4_and_leaves_the_slot(db: Any, tmp_path: Path) -> None:
+    cap = make_capture(db, "test_decoding", tmp_path / "out")
+    db.execute("INSERT INTO items VALUES (1, 'a')")
+    before = confirmed_lsn(db, cap.slot)
+    result = ingest(db.dsn, *cap.args("--plugin", "pgoutput", "--publication", "p"))
+    _assert_failed(result, 4, "uses plugin test_decoding, not pgoutput")
+    assert confirmed_lsn(db, cap.slot) == before
+
+
+def test_missing_publication_exits_4(db: Any, tmp_path: Path) -> None:
+    cap = make_capture(db, "pgoutput", tmp_path / "out")
+    result = ingest(db.dsn, "--slot", cap.slot, "--output", cap.output, "--publication", "nope")
+    _assert_failed(result, 4, 'publication "nope" does not exist')
+
+
+def test_a_run_while_another_holds_the_lock_exits_3_having_done_nothing(db: Any, tmp_path: Path) -> None:
+    cap = make_capture(db, "test_decoding", tmp_path / "out")
+    db.execute("INSERT INTO items VALUES (1, 'a')")
+    holder = db.connect()
+    with holder.cursor() as cur:
+        cur.execute("SELECT pg_advisory_lock(1885892720, hashtext(%s))", (cap.slot,))
+    before = confirmed_lsn(db, cap.slot)
+    result = ingest(db.dsn, *cap.args())
+    _assert_failed(result, 3, "another pgpoll run holds the lock")
+    assert confirmed_lsn(db, cap.slot) == before
+    assert not Path(cap.output).exists()
+
+
+def test_output_not_writable_exits_5_and_leaves_the_slot(db: Any, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    cap = make_capture(db, "test_decoding", blocker / "out")
+    db.execute("INSERT INTO items VALUES (1, 'a')")
+    before = confirmed_lsn(db, cap.slot)
+    result = ingest(db.dsn, *cap.args())
+    _assert_failed(result, 5, "output")
+    assert confirmed_lsn(db, cap.slot) == before
+
+
+def test_an_undecodable_row_exits_6_is_saved_and_nothing_is_visible(db: Any, tmp_path: Path, spark: Any) -> None:
+    cap = make_capture(db, "test_decoding", tmp_path / "out")
+    db.execute("INSERT INTO items VALUES (1, 'a')")
+    # test_decoding prints message content as raw bytes: this row is not valid UTF-8 text
+    db.execute("SELECT pg_logical_emit_message(true, 'bin', '\\xfffe41'::bytea)")
+    before = confirmed_lsn(db, cap.slot)
+    result = ingest(db.dsn, *cap.args())
+    _assert_failed(result, 6, "not valid UTF-8")
+    assert confirmed_lsn(db, cap.slot) == before
+    assert read_output(spark, cap.output) == []
+    rejects = list((Path(cap.output) / "_pgpoll" / "rejects").glob("*.json"))
+    assert len(rejects) == 1
+    saved = json.loads(rejects[0].read_text())
+    assert saved["data_hex"].endswith("fffe41") and "UTF-8" in saved["error"]
+
+
+def test_an_invalidated_slot_exits_4_and_says_to_recreate_it(db: Any, tmp_path: Path) -> None:
+    cap = make_capture(db, "test_decoding", tmp_path / "out")
+    admin = db.connect()
+    with admin.cursor() as cur:
+        cur.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        cur.execute("SELECT pg_reload_conf()")
+    try:
+        for _ in range(6):
+            db.execute("CREATE TABLE IF NOT EXISTS filler (x text)")
+            db.execute("INSERT INTO filler SELECT repeat('y', 1000) FROM generate_series(1, 3000)")
+            db.execute("SELECT pg_switch_wal()")
+            db.execute("CHECKPOINT")
+            status = db.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (cap.slot,))[0][0]
+            if status == "lost":
+                break
+        assert status == "lost", f"could not invalidate the slot (wal_status {status})"
+        result = ingest(db.dsn, *cap.args())
+        _assert_failed(result, 4, "wal_status = lost", "recreate the slot")
+    finally:
+        with admin.cursor() as cur:
+            cur.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            cur.execute("SELECT pg_reload_conf()")
+
+
+def test_no_password_appears_in_any_output(db: Any, tmp_path: Path) -> None:
+    cap = make_capture(db, "pgoutput", tmp_path / "out")
+    password = db.server.password
+    ok = ingest(db.dsn, *cap.args())
+    bad = ingest(db.dsn.replace(password, "wrong-" + password[::-1]), *cap.args())
+    assert ok.exit_code == 0 and bad.exit_code == 4
+    for text in (ok.stdout, ok.stderr, bad.stdout, bad.stderr):
+        assert password not in text and password[::-1] not in text
+
+
+def test_wrong_password_is_not_retried_forever(db: Any, tmp_path: Path) -> None:
+    cap = make_capture(db, "test_decoding", tmp_path / "out")
+    try:
+        psycopg2.connect(db.dsn.replace(db.server.password, "nope")).close()
+    except psycopg2.OperationalError as exc:
+        assert "password authentication failed" in str(exc)
+    result = ingest(db.dsn.replace(db.server.password, "nope"), *cap.args())
+    assert result.exit_code == 4 and "password authentication failed" in result.stderr
+    assert result.summary is not None and result.summary["seconds"] < 5
