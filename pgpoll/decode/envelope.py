@@ -1,0 +1,115 @@
+"""The change envelope: turning buffered changes into records, and records into JSON.
+
+Used by :mod:`pgpoll.decode.assembler` (which re-exports
+:func:`change_record_to_json`); no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime, timezone
+from typing import Any, Iterable, Optional, Union
+
+from pgpoll.changes import ChangeRecord, LogicalMessage, Op, RowChange, Truncate
+from pgpoll.lsn import Lsn
+
+__all__ = ["Change", "change_record_to_json", "records_for"]
+
+#: An event that becomes one or more records.
+Change = Union[RowChange, Truncate, LogicalMessage]
+
+
+def records_for(
+    changes: Iterable[Change],
+    commit_lsn: Optional[int],
+    xid: Optional[int],
+    commit_ts: Optional[datetime],
+) -> list[ChangeRecord]:
+    """Envelopes for ``changes`` in order, numbered from seq 0."""
+    out: list[ChangeRecord] = []
+    seq = 0
+    for ch in changes:
+        if isinstance(ch, RowChange):
+            out.append(
+                ChangeRecord(
+                    commit_lsn,
+                    ch.lsn,
+                    seq,
+                    xid,
+                    commit_ts,
+                    ch.op,
+                    ch.schema,
+                    ch.table,
+                    ch.before,
+                    ch.after,
+                    ch.unchanged_toast,
+                )
+            )
+            seq += 1
+        elif isinstance(ch, Truncate):
+            for schema, table in ch.relations:
+                out.append(
+                    ChangeRecord(
+                        commit_lsn, ch.lsn, seq, xid, commit_ts, Op.TRUNCATE, schema, table
+                    )
+                )
+                seq += 1
+        else:
+            out.append(
+                ChangeRecord(
+                    commit_lsn,
+                    ch.lsn,
+                    seq,
+                    xid,
+                    commit_ts,
+                    Op.MESSAGE,
+                    message_prefix=ch.prefix,
+                    message_content=ch.content,
+                    transactional=ch.transactional,
+                )
+            )
+            seq += 1
+    return out
+
+
+def _lsn_json(value: Optional[int]) -> Optional[str]:
+    return None if value is None else str(Lsn(value))
+
+
+def change_record_to_json(record: ChangeRecord) -> dict[str, Any]:
+    """The envelope as JSON-ready values.
+
+    LSNs print as PostgreSQL does (``"0/16B1970"``), ``commit_ts`` as
+    ISO-8601 UTC with microseconds (``"2026-11-22T01:53:54.095995Z"``; a naive
+    value is taken as UTC), ``op`` as its letter and ``message_content`` as
+    base64; absent values are None.
+    """
+    ts = record.commit_ts
+    if ts is not None:
+        ts_text: Optional[str] = (
+            (ts if ts.tzinfo is None else ts.astimezone(timezone.utc)).strftime(
+                "%Y-%m-%dT%H:%M:%S.%f"
+            )
+            + "Z"
+        )
+    else:
+        ts_text = None
+    content = record.message_content
+    return {
+        "commit_lsn": _lsn_json(record.commit_lsn),
+        "lsn": _lsn_json(record.lsn),
+        "seq": record.seq,
+        "xid": record.xid,
+        "commit_ts": ts_text,
+        "op": record.op.value,
+        "schema_name": record.schema_name,
+        "table_name": record.table_name,
+        "before": dict(record.before) if record.before is not None else None,
+        "after": dict(record.after) if record.after is not None else None,
+        "unchanged_toast": list(record.unchanged_toast),
+        "message_prefix": record.message_prefix,
+        "message_content": (
+            base64.b64encode(content).decode("ascii") if content is not None else None
+        ),
+        "transactional": record.transactional,
+    }
