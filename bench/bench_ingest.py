@@ -100,7 +100,7 @@ def measure_backlog(cluster: ThrowawayCluster, changes: int, plugin: str, work: 
     return {
         "plugin": plugin, "changes": changes, "peek_rows": rows, "server_s": server_s, "recvlogical_s": recv_s,
         "pgpoll_s": full_s, "pgpoll_empty_s": empty_s, "pgpoll_net_s": net, "ratio": net / server_s,
-        "written": summary["changes"],
+        "written": summary["changes"], "batch_s": summary["batch_seconds"],
     }
 
 
@@ -138,6 +138,8 @@ def main() -> None:
             print(f"  pg_recvlogical to a file:               {r['recvlogical_s']:.2f} s")
         print(f"  pgpoll end to end:                      {r['pgpoll_s']:.2f} s (empty run {r['pgpoll_empty_s']:.2f} s)")
         print(f"  pgpoll without Spark start-up:          {r['pgpoll_net_s']:.2f} s = {r['ratio']:.2f}x the server (goal <= 1.5x)")
+        print(f"  pgpoll's own batch time (peek, decode, write, commit, advance): {r['batch_s']:.2f} s = "
+              f"{r['batch_s'] / r['server_s']:.2f}x the server")
         print(f"  changes written: {r['written']:,}")
         if not args.skip_memory:
             small = measure_memory(cluster, 200_000, args.plugin, work)

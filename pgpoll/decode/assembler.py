@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, MutableSequence, Optional
 
 from pgpoll.changes import (
     Begin,
@@ -56,7 +56,7 @@ from pgpoll.changes import (
     StreamStop,
     Truncate,
 )
-from pgpoll.decode.envelope import Change, change_record_to_json, records_for
+from pgpoll.decode.envelope import Change, change_record_to_json, iter_records, records_for
 from pgpoll.decode.test_decoding import OPAQUE_STREAM_KINDS
 from pgpoll.errors import DecodeError
 from pgpoll.lsn import Lsn
@@ -71,7 +71,7 @@ class _Txn:
     xid: Optional[int]
     commit_ts: Optional[datetime] = None
     first_lsn: Optional[int] = None  # the BEGIN row's (or first stream block's) lsn
-    changes: list[Change] = field(default_factory=list)
+    changes: MutableSequence[Change] = field(default_factory=list)
     opaque: int = 0  # streamed changes whose data the plugin did not print
 
 
@@ -83,6 +83,10 @@ class TransactionAssembler:
     allow_opaque_streams:
         Skip, instead of failing on, streamed changes whose data the plugin
         did not print (test_decoding with ``stream-changes``).
+    buffer_factory:
+        Makes the buffer of an open transaction (default ``list``). The ingest
+        task passes one that spills to disk, so a transaction of any size
+        passes through bounded memory; use :meth:`feed_iter` then.
 
     Examples
     --------
@@ -93,8 +97,14 @@ class TransactionAssembler:
     True
     """
 
-    def __init__(self, *, allow_opaque_streams: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        allow_opaque_streams: bool = False,
+        buffer_factory: Callable[[], MutableSequence[Any]] = list,
+    ) -> None:
         self._allow_opaque = allow_opaque_streams
+        self._new_buffer = buffer_factory
         self._txn: Optional[_Txn] = None
         self._stream: Optional[_Txn] = None  # the stream block being read
         self._streams: dict[int, _Txn] = {}
@@ -146,6 +156,14 @@ class TransactionAssembler:
 
     def feed(self, event: Event) -> list[ChangeRecord]:
         """Take the next event; return the records it completes (often none)."""
+        return list(self.feed_iter(event))
+
+    def feed_iter(self, event: Event) -> Iterable[ChangeRecord]:
+        """Like :meth:`feed`, but a committed transaction's records are produced lazily.
+
+        The state change happens at once; iterate the result before feeding
+        the next event.
+        """
         if isinstance(event, (RowChange, Truncate)):
             target = self._stream or self._txn
             if target is not None:
@@ -157,11 +175,11 @@ class TransactionAssembler:
         if isinstance(event, (Begin, BeginPrepare)):
             self._require_idle(event)
             ts = event.commit_ts if isinstance(event, Begin) else None
-            self._txn = _Txn(event.xid, ts, event.lsn)
+            self._txn = _Txn(event.xid, ts, event.lsn, self._new_buffer())
             return []
         if isinstance(event, Commit):
             txn = self._take_txn(event)
-            return records_for(
+            return iter_records(
                 txn.changes,
                 event.lsn if event.lsn is not None else event.end_lsn,
                 txn.xid if txn.xid is not None else event.xid,
@@ -224,7 +242,7 @@ class TransactionAssembler:
         self._txn = None
         return txn
 
-    def _two_phase_or_stream(self, event: Event) -> list[ChangeRecord]:
+    def _two_phase_or_stream(self, event: Event) -> Iterable[ChangeRecord]:
         if isinstance(event, StreamStart):
             self._require_idle(event)
             self._stream = self._streams.setdefault(event.xid, _Txn(event.xid, None, event.lsn))
@@ -272,7 +290,7 @@ class TransactionAssembler:
         end_lsn: Optional[int],
         xid: Optional[int],
         commit_ts: Optional[datetime],
-    ) -> list[ChangeRecord]:
+    ) -> Iterable[ChangeRecord]:
         if txn.opaque and not self._allow_opaque:
             raise _error(
                 f"streamed transaction {txn.xid} holds {txn.opaque} change(s) the plugin "
@@ -280,7 +298,7 @@ class TransactionAssembler:
                 lsn,
                 hint="peek test_decoding slots without the stream-changes option",
             )
-        return records_for(
+        return iter_records(
             txn.changes,
             lsn if lsn is not None else end_lsn,
             txn.xid if txn.xid is not None else xid,

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import base64
 from datetime import datetime, timezone
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Iterator, Optional, Union
 
 from pgpoll.changes import ChangeRecord, LogicalMessage, Op, RowChange, Truncate
 from pgpoll.lsn import Lsn
 
-__all__ = ["Change", "change_record_to_json", "records_for"]
+__all__ = ["Change", "change_record_to_json", "iter_records", "records_for"]
 
 #: An event that becomes one or more records.
 Change = Union[RowChange, Truncate, LogicalMessage]
@@ -26,11 +26,20 @@ def records_for(
     commit_ts: Optional[datetime],
 ) -> list[ChangeRecord]:
     """Envelopes for ``changes`` in order, numbered from seq 0."""
-    out: list[ChangeRecord] = []
+    return list(iter_records(changes, commit_lsn, xid, commit_ts))
+
+
+def iter_records(
+    changes: Iterable[Change],
+    commit_lsn: Optional[int],
+    xid: Optional[int],
+    commit_ts: Optional[datetime],
+) -> Iterator[ChangeRecord]:
+    """Like :func:`records_for`, one record at a time (for transactions too large to hold)."""
     seq = 0
     for ch in changes:
         if isinstance(ch, RowChange):
-            out.append(
+            yield (
                 ChangeRecord(
                     commit_lsn,
                     ch.lsn,
@@ -48,14 +57,14 @@ def records_for(
             seq += 1
         elif isinstance(ch, Truncate):
             for schema, table in ch.relations:
-                out.append(
+                yield (
                     ChangeRecord(
                         commit_lsn, ch.lsn, seq, xid, commit_ts, Op.TRUNCATE, schema, table
                     )
                 )
                 seq += 1
         else:
-            out.append(
+            yield (
                 ChangeRecord(
                     commit_lsn,
                     ch.lsn,
@@ -69,7 +78,6 @@ def records_for(
                 )
             )
             seq += 1
-    return out
 
 
 def _lsn_json(value: Optional[int]) -> Optional[str]:

@@ -70,6 +70,7 @@ class RunSummary:
     last_lsn: Optional[str] = None
     lag_bytes: Optional[int] = None
     seconds: float = 0.0
+    batch_seconds: float = 0.0
     status: str = "ok"
     exit_code: int = 0
     task_peak_rss_kb: Optional[int] = None
@@ -198,6 +199,7 @@ def run_ingest(opts: IngestOptions, spark: Any = None) -> RunSummary:
         control.emit_heartbeat(uuid.uuid4().hex)
         options = tuple(slot_access.peek_options(plugin, publications=list(opts.publications)))
         table_filter = TableFilter(tuple(opts.tables), tuple(opts.exclude_tables))
+        batches_started = time.monotonic()
         while True:
             if opts.max_batches is not None and summary.batches >= opts.max_batches:
                 break
@@ -234,6 +236,7 @@ def run_ingest(opts: IngestOptions, spark: Any = None) -> RunSummary:
             summary.last_lsn = str(hwm)
             if outcome.peeked_rows < limit:
                 break  # the peek returned everything there was
+        summary.batch_seconds = round(time.monotonic() - batches_started, 3)
         summary.lag_bytes = control.wal_lag()
     finally:
         control.close()

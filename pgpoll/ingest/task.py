@@ -22,6 +22,7 @@ import pyarrow as pa
 from pgpoll.changes import Commit, CommitPrepared, LogicalMessage, Op, RollbackPrepared
 from pgpoll.errors import DecodeError, PgpollError
 from pgpoll.ingest import faults
+from pgpoll.ingest.spill import SpillBuffer
 from pgpoll.lsn import Lsn
 from pgpoll.sink.envelope import EnvelopeBuilder
 
@@ -58,6 +59,7 @@ class BatchSpec:
     table_filter: TableFilter = TableFilter()
     proto_version: int = 1
     rows_per_arrow_batch: int = 65536
+    spill_after: int = 20_000
     fault: Optional[str] = None
 
     def __repr__(self) -> str:  # never show the DSN (it may carry a password)
@@ -129,7 +131,7 @@ def iter_batch(spec: BatchSpec, outcome: BatchOutcome) -> Iterator[pa.RecordBatc
     try:
         conn = connect(ConnectionTarget(spec.dsn, "task"), application_name=f"pgpoll ingest {spec.slot}")
         decode = make_decoder(spec.plugin, spec.proto_version)
-        assembler = TransactionAssembler()
+        assembler = TransactionAssembler(buffer_factory=lambda: SpillBuffer(spec.spill_after))
         builder = EnvelopeBuilder()
         hwm = spec.high_water_mark
         yielded = False
@@ -150,7 +152,7 @@ def iter_batch(spec: BatchSpec, outcome: BatchOutcome) -> Iterator[pa.RecordBatc
                 outcome.advance_to = int(lsn)
             elif isinstance(event, LogicalMessage) and not event.transactional:
                 outcome.advance_to = int(lsn)
-            for record in assembler.feed(event):
+            for record in assembler.feed_iter(event):
                 if record.commit_lsn is not None and hwm is not None and record.commit_lsn <= hwm:
                     continue  # already in the output (the slot was behind the commit log)
                 if record.op == Op.MESSAGE and record.message_prefix == HEARTBEAT_PREFIX:

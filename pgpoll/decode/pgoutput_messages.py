@@ -1,0 +1,496 @@
+"""One frozen dataclass per pgoutput protocol message (protocol versions 1-4).
+
+Each class is named after the message in PostgreSQL's "Logical Replication
+Message Formats". Its docstring lists the fields in wire order, after the
+``Byte1`` type byte (which is not stored), and its ``read`` classmethod reads
+them in that order -- so layout, reader and
+``src/backend/replication/logical/proto.c`` can be checked side by side.
+
+Conventions: xids, OIDs and LSNs are unsigned; ``TimestampTz`` (Int64 µs
+since 2000-01-01 UTC) becomes an aware ``datetime`` in UTC; an xid "only
+present for streamed transactions" (protocol 2+) is read when the message
+came between Stream Start and Stream Stop (``in_stream``) and is ``None``
+otherwise; strings are UTF-8; column values stay raw bytes in
+:class:`TupleData`. ``Int8(0)`` flags must be 0, as proto.c requires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Optional, Union
+
+from pgpoll.decode.wire import Reader
+
+#: Message type byte -> message name, as the documentation names them.
+MESSAGE_NAMES: dict[str, str] = {
+    "B": "Begin", "M": "Message", "C": "Commit", "O": "Origin", "R": "Relation",
+    "Y": "Type", "I": "Insert", "U": "Update", "D": "Delete", "T": "Truncate",
+    "S": "Stream Start", "E": "Stream Stop", "c": "Stream Commit", "A": "Stream Abort",
+    "b": "Begin Prepare", "P": "Prepare", "K": "Commit Prepared",
+    "r": "Rollback Prepared", "p": "Stream Prepare",
+}  # fmt: skip
+
+
+def _xid(r: Reader, in_stream: bool) -> Optional[int]:
+    return r.read_uint32("Int32 xid") if in_stream else None
+
+
+def _flags0(r: Reader) -> int:
+    pos = r.pos
+    flags = r.read_uint8("Int8 flags")
+    if flags:
+        raise r.error(f"unrecognized flags {flags}", pos)
+    return flags
+
+
+def _action(r: Reader, allowed: str) -> str:
+    pos = r.pos
+    action = r.read_byte1("Byte1 tuple type")
+    if action not in allowed:
+        raise r.error(f"expected tuple type {' or '.join(allowed)}, got {action!r}", pos)
+    return action
+
+
+@dataclass(frozen=True, slots=True)
+class TupleData:
+    """TupleData: the values of one row::
+
+        Int16       number of columns; then per published column one of:
+        Byte1('n')  NULL
+        Byte1('u')  unchanged TOASTed value (the value is not sent)
+        Byte1('t')  text value: Int32 length, Byte(n) the type's text output
+        Byte1('b')  binary value (PG 14+, option binary): Int32 length,
+                    Byte(n) the type's binary send form
+
+    ``kinds[i]`` is ``'n'``, ``'u'``, ``'t'`` or ``'b'``; ``values[i]`` the raw
+    bytes for ``'t'``/``'b'``, ``None`` for ``'n'``/``'u'``.
+    """
+
+    kinds: tuple[str, ...]
+    values: tuple[Optional[bytes], ...]
+
+    @classmethod
+    def read(cls, r: Reader) -> TupleData:
+        kinds: list[str] = []
+        values: list[Optional[bytes]] = []
+        for _ in range(r.read_uint16("Int16 number of columns")):
+            pos = r.pos
+            kind = r.read_byte1("TupleData column kind")
+            if kind == "t" or kind == "b":
+                values.append(r.read_bytes(r.read_uint32("Int32 value length"), "column value"))
+            elif kind == "n" or kind == "u":
+                values.append(None)
+            else:
+                raise r.error(f"unknown TupleData column kind {kind!r}", pos)
+            kinds.append(kind)
+        return cls(tuple(kinds), tuple(values))
+
+
+@dataclass(frozen=True, slots=True)
+class RelationColumn:
+    """One column part of a Relation message::
+
+        Int8         flags: 0, or 1 when the column is part of the key
+        String       column name
+        Int32 (Oid)  data type OID
+        Int32        type modifier (atttypmod; signed, -1 for none)
+    """
+
+    flags: int
+    name: str
+    type_oid: int
+    type_modifier: int
+
+    @property
+    def is_key(self) -> bool:
+        """Flag bit 1: part of the replica identity key."""
+        return bool(self.flags & 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    """Begin ``'B'``: Int64 final LSN (commit record start), Int64 commit timestamp, Int32 xid."""
+
+    final_lsn: int
+    commit_ts: datetime
+    xid: int
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> Begin:
+        return cls(r.read_uint64("final LSN"), r.read_timestamp("commit timestamp"), r.read_uint32("xid"))
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """Message ``'M'`` (``pg_logical_emit_message``)::
+
+        Int32 (TransactionId)  xid (only in streamed transactions; protocol 2+)
+        Int8                   flags: 0, or 1 if transactional
+        Int64 (XLogRecPtr)     LSN of the message
+        String                 prefix
+        Int32                  length of the content
+        Byte(n)                content
+    """
+
+    xid: Optional[int]
+    flags: int
+    lsn: int
+    prefix: str
+    content: bytes
+
+    @property
+    def transactional(self) -> bool:
+        """Flag bit 1."""
+        return bool(self.flags & 1)
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> Message:
+        xid, flags, lsn, prefix = _xid(r, in_stream), r.read_uint8("flags"), r.read_uint64("LSN"), r.read_string("prefix")
+        return cls(xid, flags, lsn, prefix, r.read_bytes(r.read_uint32("content length"), "content"))
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Commit ``'C'``: Int8(0) flags, Int64 commit LSN, Int64 end LSN, Int64 commit timestamp."""
+
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_ts: datetime
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> Commit:
+        return cls(_flags0(r), r.read_uint64("commit LSN"), r.read_uint64("end LSN"), r.read_timestamp())
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Origin ``'O'``: Int64 LSN of the commit on the origin server, String origin name."""
+
+    commit_lsn: int
+    name: str
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> Origin:
+        return cls(r.read_uint64("origin commit LSN"), r.read_string("origin name"))
+
+
+@dataclass(frozen=True, slots=True)
+class Relation:
+    """Relation ``'R'``::
+
+        Int32 (TransactionId)  xid (only in streamed transactions; protocol 2+)
+        Int32 (Oid)            relation OID
+        String                 namespace ('' for pg_catalog)
+        String                 relation name
+        Int8                   replica identity (relreplident: d, n, f, i)
+        Int16                  number of columns; then a RelationColumn each
+    """
+
+    xid: Optional[int]
+    relation_id: int
+    namespace: str
+    name: str
+    replica_identity: str
+    columns: tuple[RelationColumn, ...]
+
+    @property
+    def schema(self) -> str:
+        """``namespace`` with ``''`` read as ``pg_catalog``, as PostgreSQL documents."""
+        return self.namespace or "pg_catalog"
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> Relation:
+        xid, relid = _xid(r, in_stream), r.read_uint32("relation OID")
+        namespace, name, ident = r.read_string("namespace"), r.read_string("relation name"), r.read_byte1()
+        cols = [
+            RelationColumn(r.read_uint8("column flags"), r.read_string("column name"), r.read_uint32("type OID"), r.read_int32("typmod"))
+            for _ in range(r.read_uint16("Int16 number of columns"))
+        ]
+        return cls(xid, relid, namespace, name, ident, tuple(cols))
+
+
+@dataclass(frozen=True, slots=True)
+class Type:
+    """Type ``'Y'`` (before a relation using a non-built-in type)::
+
+        Int32 (TransactionId)  xid (only in streamed transactions; protocol 2+)
+        Int32 (Oid)            type OID
+        String                 namespace ('' for pg_catalog)
+        String                 type name
+    """
+
+    xid: Optional[int]
+    type_oid: int
+    namespace: str
+    name: str
+
+    @property
+    def schema(self) -> str:
+        """``namespace`` with ``''`` read as ``pg_catalog``."""
+        return self.namespace or "pg_catalog"
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> Type:
+        xid, oid = _xid(r, in_stream), r.read_uint32("type OID")
+        return cls(xid, oid, r.read_string("namespace"), r.read_string("type name"))
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    """Insert ``'I'``: [Int32 xid, streamed only], Int32 relation OID, Byte1('N'), TupleData new tuple."""
+
+    xid: Optional[int]
+    relation_id: int
+    new: TupleData
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> Insert:
+        xid, relid = _xid(r, in_stream), r.read_uint32("relation OID")
+        _action(r, "N")
+        return cls(xid, relid, TupleData.read(r))
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """Update ``'U'``::
+
+        Int32 (TransactionId)  xid (only in streamed transactions; protocol 2+)
+        Int32 (Oid)            relation OID
+        Byte1('K')             optional: old key follows (replica identity
+                               index; other columns sent as NULL)
+        Byte1('O')             optional, instead of 'K': whole old tuple
+                               follows (REPLICA IDENTITY FULL)
+        TupleData              old key / tuple, when 'K' or 'O' was sent
+        Byte1('N')             new tuple follows
+        TupleData              new tuple
+    """
+
+    xid: Optional[int]
+    relation_id: int
+    old_kind: Optional[str]
+    old: Optional[TupleData]
+    new: TupleData
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> Update:
+        xid, relid = _xid(r, in_stream), r.read_uint32("relation OID")
+        action = _action(r, "KON")
+        if action == "N":
+            return cls(xid, relid, None, None, TupleData.read(r))
+        old = TupleData.read(r)
+        _action(r, "N")
+        return cls(xid, relid, action, old, TupleData.read(r))
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Delete ``'D'``: [Int32 xid, streamed only], Int32 relation OID, Byte1('K' key / 'O' old tuple), TupleData."""
+
+    xid: Optional[int]
+    relation_id: int
+    old_kind: str
+    old: TupleData
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> Delete:
+        xid, relid = _xid(r, in_stream), r.read_uint32("relation OID")
+        return cls(xid, relid, _action(r, "KO"), TupleData.read(r))
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    """Truncate ``'T'``::
+
+        Int32 (TransactionId)  xid (only in streamed transactions; protocol 2+)
+        Int32                  number of relations
+        Int8                   option bits: 1 CASCADE, 2 RESTART IDENTITY
+        Int32 (Oid)            relation OID, once per relation
+    """
+
+    xid: Optional[int]
+    flags: int
+    relation_ids: tuple[int, ...]
+
+    @property
+    def cascade(self) -> bool:
+        """Option bit 1: CASCADE."""
+        return bool(self.flags & 1)
+
+    @property
+    def restart_identity(self) -> bool:
+        """Option bit 2: RESTART IDENTITY."""
+        return bool(self.flags & 2)
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> Truncate:
+        xid, nrels, flags = _xid(r, in_stream), r.read_uint32("number of relations"), r.read_uint8("option bits")
+        if nrels * 4 > r.remaining:
+            raise r.error(f"{nrels} relation OIDs need {nrels * 4} bytes, {r.remaining} left")
+        return cls(xid, flags, tuple(r.read_uint32("relation OID") for _ in range(nrels)))
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    """Stream Start ``'S'`` (protocol 2+): Int32 xid, Int8 1 for the xid's first segment else 0."""
+
+    xid: int
+    first_segment: bool
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> StreamStart:
+        xid = r.read_uint32("xid")
+        return cls(xid, r.read_uint8("first segment flag") == 1)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStop:
+    """Stream Stop ``'E'`` (protocol 2+): no fields."""
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> StreamStop:
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCommit:
+    """Stream Commit ``'c'`` (protocol 2+): Int32 xid, Int8(0) flags, Int64 commit LSN, Int64 end LSN, Int64 commit timestamp."""
+
+    xid: int
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_ts: datetime
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> StreamCommit:
+        xid, flags = r.read_uint32("xid"), _flags0(r)
+        return cls(xid, flags, r.read_uint64("commit LSN"), r.read_uint64("end LSN"), r.read_timestamp())
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAbort:
+    """Stream Abort ``'A'`` (protocol 2+)::
+
+        Int32 (TransactionId)  xid of the transaction
+        Int32 (TransactionId)  xid of the subtransaction (= xid for a top-level abort)
+        Int64 (XLogRecPtr)     abort LSN: only with streaming 'parallel' (protocol 4+)
+        Int64 (TimestampTz)    abort timestamp: only with streaming 'parallel' (protocol 4+)
+
+    Nothing can follow the xids but the two optional fields, so their presence
+    is read from the message length; ``None`` when not sent.
+    """
+
+    xid: int
+    subxid: int
+    abort_lsn: Optional[int]
+    abort_ts: Optional[datetime]
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> StreamAbort:
+        xid, subxid = r.read_uint32("xid"), r.read_uint32("subtransaction xid")
+        if r.remaining:
+            return cls(xid, subxid, r.read_uint64("abort LSN"), r.read_timestamp("abort timestamp"))
+        return cls(xid, subxid, None, None)
+
+
+@dataclass(frozen=True, slots=True)
+class BeginPrepare:
+    """Begin Prepare ``'b'`` (protocol 3+): Int64 prepare LSN, Int64 end LSN, Int64 prepare timestamp, Int32 xid, String gid."""
+
+    prepare_lsn: int
+    end_lsn: int
+    prepare_ts: datetime
+    xid: int
+    gid: str
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> BeginPrepare:
+        return cls(r.read_uint64("prepare LSN"), r.read_uint64("end LSN"), r.read_timestamp(), r.read_uint32("xid"), r.read_string("gid"))
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    """Prepare ``'P'`` (protocol 3+): Int8(0) flags, Int64 prepare LSN, Int64 end LSN, Int64 prepare timestamp, Int32 xid, String gid."""
+
+    flags: int
+    prepare_lsn: int
+    end_lsn: int
+    prepare_ts: datetime
+    xid: int
+    gid: str
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> Prepare:
+        flags, lsn, end, ts = _flags0(r), r.read_uint64("prepare LSN"), r.read_uint64("end LSN"), r.read_timestamp()
+        return cls(flags, lsn, end, ts, r.read_uint32("xid"), r.read_string("gid"))
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPrepare:
+    """Stream Prepare ``'p'`` (protocol 3+, streaming): the fields of :class:`Prepare`."""
+
+    flags: int
+    prepare_lsn: int
+    end_lsn: int
+    prepare_ts: datetime
+    xid: int
+    gid: str
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> StreamPrepare:
+        flags, lsn, end, ts = _flags0(r), r.read_uint64("prepare LSN"), r.read_uint64("end LSN"), r.read_timestamp()
+        return cls(flags, lsn, end, ts, r.read_uint32("xid"), r.read_string("gid"))
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPrepared:
+    """Commit Prepared ``'K'`` (protocol 3+): Int8(0) flags, Int64 commit LSN, Int64 end LSN, Int64 commit timestamp, Int32 xid, String gid."""
+
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_ts: datetime
+    xid: int
+    gid: str
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> CommitPrepared:
+        flags, lsn, end, ts = _flags0(r), r.read_uint64("commit LSN"), r.read_uint64("end LSN"), r.read_timestamp()
+        return cls(flags, lsn, end, ts, r.read_uint32("xid"), r.read_string("gid"))
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackPrepared:
+    """Rollback Prepared ``'r'`` (protocol 3+)::
+
+        Int8(0)                flags
+        Int64 (XLogRecPtr)     end LSN of the prepared transaction
+        Int64 (XLogRecPtr)     end LSN of the rollback
+        Int64 (TimestampTz)    prepare timestamp
+        Int64 (TimestampTz)    rollback timestamp
+        Int32 (TransactionId)  xid
+        String                 gid
+    """
+
+    flags: int
+    prepare_end_lsn: int
+    rollback_end_lsn: int
+    prepare_ts: datetime
+    rollback_ts: datetime
+    xid: int
+    gid: str
+
+    @classmethod
+    def read(cls, r: Reader, in_stream: bool) -> RollbackPrepared:
+        flags, prep_end, end = _flags0(r), r.read_uint64("prepare end LSN"), r.read_uint64("rollback end LSN")
+        prep_ts, ts = r.read_timestamp("prepare timestamp"), r.read_timestamp("rollback timestamp")
+        return cls(flags, prep_end, end, prep_ts, ts, r.read_uint32("xid"), r.read_string("gid"))
+
+
+PgoutputMessage = Union[
+    Begin, Message, Commit, Origin, Relation, Type, Insert, Update, Delete, Truncate,
+    StreamStart, StreamStop, StreamCommit, StreamAbort,
+    BeginPrepare, Prepare, CommitPrepared, RollbackPrepared, StreamPrepare,
+]  # fmt: skip
