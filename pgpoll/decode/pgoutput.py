@@ -128,6 +128,8 @@ class _Unchanged:
 
 #: Marks a ``'u'`` (unchanged TOAST, value not sent) column in :data:`RowFields` value lists.
 UNCHANGED_TOAST = _Unchanged()
+_BOOL_OID = 16
+_BOOL_TEXT = {"t": "true", "f": "false"}
 
 Value = Union[str, None, _Unchanged]
 
@@ -140,7 +142,10 @@ class RelationInfo:
     change-model description of each column; ``message`` the Relation itself.
     """
 
-    __slots__ = ("relation_id", "schema", "table", "replica_identity", "columns", "names", "width", "key_indexes", "message")
+    __slots__ = (
+        "relation_id", "schema", "table", "replica_identity", "columns", "names", "width", "key_indexes",
+        "bool_indexes", "message",
+    )
 
     def __init__(self, rel: m.Relation) -> None:
         self.relation_id = rel.relation_id
@@ -153,6 +158,8 @@ class RelationInfo:
         self.names = tuple(c.name for c in rel.columns)
         self.width = len(self.names)
         self.key_indexes = tuple(i for i, c in enumerate(rel.columns) if c.is_key)
+        # boolout prints t/f, but bool::text (and test_decoding) print true/false
+        self.bool_indexes = tuple(i for i, c in enumerate(rel.columns) if c.type_oid == _BOOL_OID)
         self.message = rel
 
     def __repr__(self) -> str:
@@ -166,7 +173,9 @@ class RelationInfo:
 #: caller) of values in ``relation.names`` order, or ``None``.
 #: A value is ``str``, ``None`` (SQL NULL) or :data:`UNCHANGED_TOAST`. For a
 #: ``'K'`` old tuple (``before_is_key``) only ``relation.key_indexes`` are
-#: meaningful; the others are ``None`` as sent.
+#: meaningful; the others are ``None`` as sent. Values are the wire text: a
+#: boolean is ``t``/``f`` here; :meth:`PgoutputDecoder.decode` prints it as
+#: ``true``/``false``, like ``bool::text`` and test_decoding.
 RowFields = tuple[ch.Op, RelationInfo, Optional[int], Optional[list[Value]], bool, Optional[list[Value]]]
 
 _INSERT, _UPDATE, _DELETE = ch.Op.INSERT, ch.Op.UPDATE, ch.Op.DELETE
@@ -394,6 +403,11 @@ class PgoutputDecoder:
     def _row_event(self, row: RowFields, lsn: Optional[int]) -> ch.RowChange:
         op, rel, xid, before, is_key, after = row
         names = rel.names
+        if rel.bool_indexes:
+            for values in (before, after):
+                if values is not None:
+                    for i in rel.bool_indexes:
+                        values[i] = _BOOL_TEXT.get(values[i], values[i])  # type: ignore[arg-type]
         unchanged: tuple[str, ...] = ()
         after_map: Optional[dict[str, Optional[str]]] = None
         if after is not None:

@@ -23,13 +23,14 @@ def _decode(plugin: str, text: str) -> Any:
 
 def test_both_plugins_decode_a_workload_to_the_same_changes(db: Any) -> None:
     db.require_plugin("test_decoding")
-    db.execute('CREATE TABLE "Odd ""name"" t" (id int PRIMARY KEY, "v a" text, n numeric, b bytea, ts timestamptz)')
+    db.execute('CREATE TABLE "Odd ""name"" t" (id int PRIMARY KEY, "v a" text, n numeric, b bytea, ts timestamptz, ok boolean, flags boolean[])')
     db.execute('CREATE PUBLICATION pub FOR TABLE "Odd ""name"" t"')
     db.execute("SELECT 1 FROM pg_create_logical_replication_slot('dec_td', 'test_decoding')")
     db.execute("SELECT 1 FROM pg_create_logical_replication_slot('dec_po', 'pgoutput')")
     db.execute(
         'INSERT INTO "Odd ""name"" t" VALUES '
-        "(1, $$it's\nmulti$$, 'NaN', '\\x00ff', '2026-01-02 03:04:05+02'), (2, NULL, 1.50, NULL, NULL)"
+        "(1, $$it's\nmulti$$, 'NaN', '\\x00ff', '2026-01-02 03:04:05+02', true, '{t,f,NULL}'), "
+        "(2, NULL, 1.50, NULL, NULL, false, NULL)"
     )
     db.execute('UPDATE "Odd ""name"" t" SET n = \'Infinity\' WHERE id = 2')
     db.execute('DELETE FROM "Odd ""name"" t" WHERE id = 1')
@@ -47,7 +48,11 @@ def test_both_plugins_decode_a_workload_to_the_same_changes(db: Any) -> None:
     assert td_rows[0]["table_name"] == 'Odd "name" t'
     assert td_rows[0]["after"] == {
         "id": "1", "v a": "it's\nmulti", "n": "NaN", "b": "\\x00ff", "ts": "2026-01-02 01:04:05+00",
+        "ok": "true", "flags": "{t,f,NULL}",
     }
+    assert td_rows[1]["after"]["ok"] == "false"
+    # the text form is what PostgreSQL itself prints for the stored values
+    assert db.execute('SELECT ok::text, flags::text FROM "Odd ""name"" t" WHERE id = 2') == [("false", None)]
     assert td_rows[3]["before"] == {"id": "1"}
 
 
