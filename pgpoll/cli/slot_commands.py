@@ -105,9 +105,10 @@ def peek(name: str, limit: int | None, publications: tuple[str, ...], as_json: b
             raise ConfigError("slot uses pgoutput, which needs a publication", "pass --publication NAME")
         options = slot_access.peek_options(plugin, publications=list(publications))
         rows = slot_access.peek_rows(conn, name, plugin, upto_nchanges=limit, options=options, raw_text=True)
-        for count, (lsn, xid, data) in enumerate(rows):
+        for count, (lsn, xid, raw) in enumerate(rows):
             if limit is not None and count >= limit:
                 break
+            data = bytes(raw)  # peek_rows gives a memoryview (pgoutput) or bytes (raw_text)
             text = _as_text(data) if plugin not in slot_access.BINARY_PLUGINS else None
             if as_json:
                 row: dict[str, object] = {"lsn": str(lsn), "xid": xid}

@@ -128,10 +128,17 @@ def _preflight(control: ControlConnection, opts: IngestOptions) -> tuple[str, sl
     return plugin, info
 
 
-def _run_batch(spark: Any, sink: BatchSink, spec: BatchSpec) -> tuple[str, BatchOutcome]:
-    """One Spark job; returns the staging path and the task's outcome (retried when transient)."""
+def _run_batch(spark: Any, sink: BatchSink, spec: BatchSpec, control: ControlConnection) -> tuple[str, BatchOutcome]:
+    """One Spark job; returns the staging path and the task's outcome (retried when transient).
+
+    Before every attempt the slot is re-advanced to the high-water mark: a
+    server crash can return the slot to its last checkpointed position, and a
+    peek from there would show only changes the output already holds.
+    """
     for attempt in retrying():
         with attempt:
+            if spec.high_water_mark is not None:
+                control.advance(Lsn(spec.high_water_mark))
             staging = sink.staging_path()
             acc = spark.sparkContext.accumulator({}, _Outcomes())
             frame = spark.range(1, numPartitions=1).mapInArrow(spark_task(spec, acc), SPARK_DDL)
@@ -193,9 +200,7 @@ def run_ingest(opts: IngestOptions, spark: Any = None) -> RunSummary:
             "adopted": list(report.adopted),
             "removed_partitions": list(report.removed_partitions),
         }
-        hwm = report.high_water_mark
-        if hwm is not None:
-            control.advance(hwm)  # the slot may be behind after a crash
+        hwm = report.high_water_mark  # each batch first re-advances the slot to it (it may be behind after a crash)
         control.emit_heartbeat(uuid.uuid4().hex)
         options = tuple(slot_access.peek_options(plugin, publications=list(opts.publications)))
         table_filter = TableFilter(tuple(opts.tables), tuple(opts.exclude_tables))
@@ -215,7 +220,7 @@ def run_ingest(opts: IngestOptions, spark: Any = None) -> RunSummary:
                 dsn=target.dsn, slot=opts.slot, plugin=plugin, options=options, upto_nchanges=limit,
                 high_water_mark=int(hwm) if hwm is not None else None, table_filter=table_filter, fault=fault,
             )
-            staging, outcome = _run_batch(spark, sink, spec)
+            staging, outcome = _run_batch(spark, sink, spec, control)
             if outcome.advance_to is None or (hwm is not None and outcome.advance_to <= hwm):
                 sink.discard(staging)
                 break  # caught up: nothing new

@@ -21,9 +21,6 @@ from typing import Any
 
 import psycopg2
 import psycopg2.extensions
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
-
 from pgpoll.errors import ConfigError, ConnectionFailedError
 
 SESSION_SETTINGS: dict[str, str] = {
@@ -33,9 +30,11 @@ SESSION_SETTINGS: dict[str, str] = {
     "extra_float_digits": "1",
     "bytea_output": "hex",
     "client_encoding": "UTF8",
+    # Fixed so that a row filter's string literals end where pgpoll's scan says.
+    "standard_conforming_strings": "on",
 }
 
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_KV_PASSWORD = re.compile(r"(?<![?&])(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 _URI_PASSWORD = re.compile(r"([a-z][a-z0-9+.\-]*://[^:/@\s]*:)([^@\s]*)(@)", re.IGNORECASE)
 _QUERY_PASSWORD = re.compile(r"([?&]password=)([^&\s]*)", re.IGNORECASE)
 
@@ -76,6 +75,10 @@ class ConnectionTarget:
 
 
 def _from_sqlalchemy(url_text: str) -> str:
+    # Imported here: SQLAlchemy costs a tenth of a second, and only these URLs need it.
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         url = make_url(url_text)
     except ArgumentError as exc:
@@ -98,8 +101,9 @@ def resolve_dsn(dsn: str | None = None) -> ConnectionTarget:
         dsn = os.environ.get("PGPOLL_DSN") or ""
         source = "PGPOLL_DSN" if dsn else "libpq environment"
     dsn = dsn.strip()
-    if re.match(r"^postgres(ql)?\+", dsn, re.IGNORECASE):
-        dsn = _from_sqlalchemy(dsn)
+    scheme = re.match(r"^([a-z][a-z0-9+.\-]*)://", dsn, re.IGNORECASE)
+    if scheme and scheme.group(1).lower() not in ("postgresql", "postgres"):
+        dsn = _from_sqlalchemy(dsn)  # postgresql+driver://..., or a clear error for mysql:// etc.
     if dsn:
         try:
             psycopg2.extensions.parse_dsn(dsn)
@@ -111,8 +115,31 @@ def resolve_dsn(dsn: str | None = None) -> ConnectionTarget:
     return ConnectionTarget(dsn=dsn, source=source)
 
 
-def _options_value() -> str:
-    return " ".join(f"-c {k}={v.replace(' ', chr(92) + ' ')}" for k, v in SESSION_SETTINGS.items())
+def _options_value(user_options: str | None = None) -> str:
+    """libpq ``options``: the user's own (e.g. a search_path) first, then pgpoll's pinned settings."""
+    pinned = " ".join(f"-c {k}={v.replace(' ', chr(92) + ' ')}" for k, v in SESSION_SETTINGS.items())
+    return f"{user_options} {pinned}" if user_options else pinned
+
+
+# libpq reports connection failures without a SQLSTATE; recognise the permanent
+# ones by their (untranslated, lc_messages C) server text.
+_CONNECT_FAILURES = (
+    ("password authentication failed", "28P01", "check the password (in the DSN, PGPASSWORD or ~/.pgpass)"),
+    ("no password supplied", "28P01", "give a password in the DSN, PGPASSWORD or ~/.pgpass"),
+    ("permission denied for database", "42501", "grant the role CONNECT on the database (see sql/least_privilege.sql)"),
+    ("no pg_hba.conf entry", "28000", "allow this host and role in the server's pg_hba.conf"),
+    ("role \"", "28000", "check the user name (or create the role: see sql/least_privilege.sql)"),
+    ("database \"", "3D000", "check the database name in the DSN (or PGDATABASE)"),
+    ("connection refused", "08001", "check the host and port, and that the server is up and listening on them"),
+)
+
+
+def _classify(detail: str) -> tuple[str | None, str]:
+    low = detail.lower()
+    for marker, sqlstate, hint in _CONNECT_FAILURES:
+        if marker in low:
+            return sqlstate, hint
+    return None, "check --dsn / PGPOLL_DSN (or PGHOST, PGPORT, PGUSER, PGDATABASE) and that the server is up"
 
 
 def connect(
@@ -125,22 +152,25 @@ def connect(
     """Open a psycopg2 connection with pgpoll's pinned session settings.
 
     Raises :class:`ConnectionFailedError` (password redacted) when the server
-    cannot be reached or refuses the login.
+    cannot be reached or refuses the login; its ``sqlstate`` tells a bad
+    password (``28P01``), an unknown role or refused host (``28000``) or
+    database (``3D000``) from a server that is down (``08001``).
     """
+    params = psycopg2.extensions.parse_dsn(target.dsn) if target.dsn else {}
     kwargs: dict[str, Any] = {
-        "application_name": application_name,
-        "connect_timeout": connect_timeout,
-        "options": _options_value(),
+        # An explicit keyword overrides libpq's own fallbacks, so carry them over.
+        "application_name": params.get("application_name") or os.environ.get("PGAPPNAME") or application_name,
+        "connect_timeout": params.get("connect_timeout") or connect_timeout,
+        "options": _options_value(params.get("options") or os.environ.get("PGOPTIONS")),
     }
     try:
         conn = psycopg2.connect(target.dsn, **kwargs)
     except psycopg2.OperationalError as exc:
-        detail = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else "connection failed",
-                        tuple(p for p in [target.password()] if p))
+        text = str(exc).strip()
+        detail = redact(text.splitlines()[0] if text else "connection failed", tuple(p for p in [target.password()] if p))
+        sqlstate, hint = _classify(detail)
         raise ConnectionFailedError(
-            f"cannot connect to {target.redacted()}: {detail}",
-            "check --dsn / PGPOLL_DSN (or PGHOST, PGPORT, PGUSER, PGDATABASE) and that the server is up",
-            sqlstate=getattr(exc, "pgcode", None),
+            f"cannot connect to {target.redacted()}: {detail}", hint, sqlstate=getattr(exc, "pgcode", None) or sqlstate
         ) from None
     conn.autocommit = autocommit
     return conn

@@ -63,7 +63,7 @@ class QualifiedName:
         return f"{quote_ident(self.schema)}.{quote_ident(self.table)}"
 
 
-_PLAIN = re.compile(r"^[a-z_][a-z0-9_$]*$")
+_PLAIN = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 def quote_ident(name: str) -> str:
@@ -73,8 +73,23 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+# PostgreSQL's lexer (scan.l): ident_start [A-Za-z\200-\377_], ident_cont adds [0-9$].
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_BARE_WORD = re.compile(r"[A-Za-z_\u0080-\U0010FFFF][A-Za-z0-9_$\u0080-\U0010FFFF]*")
+
+
+def fold_case(word: str) -> str:
+    """Fold an unquoted identifier like PostgreSQL does in UTF-8: ASCII ``A-Z`` only."""
+    return word.translate(_ASCII_LOWER)
+
+
 def _read_ident(text: str, pos: int) -> tuple[str, int]:
-    """Read one identifier at ``pos``: a double-quoted name (``""`` inside is one quote) or a bare word (folded to lower case)."""
+    """Read one identifier at ``pos``: a double-quoted name (``""`` inside is one quote) or a bare word.
+
+    A bare word follows PostgreSQL's rule (a letter or ``_``, then letters, digits,
+    ``_`` or ``$``) and folds ASCII upper case to lower case, as the server does;
+    anything else must be double-quoted.
+    """
     if pos < len(text) and text[pos] == '"':
         out = []
         i = pos + 1
@@ -88,10 +103,14 @@ def _read_ident(text: str, pos: int) -> tuple[str, int]:
                 i = j + 2
                 continue
             return "".join(out), j + 1
-    m = re.compile(r"[^\s.\"(),]+").match(text, pos)
+    m = _BARE_WORD.match(text, pos)
     if not m:
-        raise ConfigError(f"expected a name at position {pos} in {text!r}", "write schema.table, quoting names with double quotes")
-    return m.group(0).lower(), m.end()
+        found = repr(text[pos]) if pos < len(text) else "the end"
+        raise ConfigError(
+            f"expected a name at position {pos} in {text!r}, found {found}",
+            'write schema.table; double-quote names with other characters than letters, digits, _ and $, e.g. "my table"',
+        )
+    return fold_case(m.group(0)), m.end()
 
 
 def parse_qualified_name(text: str, default_schema: str = "public") -> tuple[QualifiedName, int]:

@@ -18,6 +18,8 @@ from pgpoll.errors import (
     SourceError,
     WalLevelError,
 )
+from pgpoll.source.names import quote_ident
+from pgpoll.source.server_errors import translate
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -45,6 +47,13 @@ def _setting(cur: Any, name: str) -> str:
 
 def run_checks(conn: Any, *, plugin: str | None = None, publication: str | None = None) -> list[CheckItem]:
     """Run every check against the connected server."""
+    try:
+        return _run_checks(conn, plugin, publication)
+    except psycopg2.Error as exc:
+        raise translate(exc) from None
+
+
+def _run_checks(conn: Any, plugin: str | None, publication: str | None) -> list[CheckItem]:
     items: list[CheckItem] = []
     with conn.cursor() as cur:
         version_num = int(_setting(cur, "server_version_num") or 0)
@@ -88,7 +97,7 @@ def run_checks(conn: Any, *, plugin: str | None = None, publication: str | None 
                 "role can use slots",
                 OK if priv_ok else FAIL,
                 f"{user} ({'superuser' if is_super else 'replication' if is_repl else 'no REPLICATION'})",
-                "" if priv_ok else f"ALTER ROLE {user} REPLICATION (see sql/least_privilege.sql)",
+                "" if priv_ok else f"as a superuser: ALTER ROLE {quote_ident(user)} REPLICATION (see sql/least_privilege.sql)",
                 None if priv_ok else PrivilegeError,
             )
         )

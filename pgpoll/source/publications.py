@@ -2,9 +2,9 @@
 
 A table is given as ``schema.tbl [(col, ...)] [WHERE (expr)]``. Names are
 parsed and re-quoted; the row filter is user SQL by nature, so it is checked
-to be exactly one parenthesised expression (balanced parentheses, no ``;``
-and no comments outside string literals) before it reaches the server, which
-then applies its own rules for row filters.
+to be exactly one parenthesised expression (balanced parentheses; no ``;``,
+comments or dollar quotes outside string literals; no backslash at all) before
+it reaches the server, which then applies its own rules for row filters.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Optional
 import psycopg2
 from psycopg2 import sql
 
-from pgpoll.errors import ConfigError, PublicationNotFoundError
+from pgpoll.errors import ConfigError, PrivilegeError, PublicationNotFoundError
 from pgpoll.source.names import QualifiedName, check_identifier, parse_column_list, parse_qualified_name
 from pgpoll.source.server_errors import translate
 
@@ -42,9 +42,24 @@ class TableSpec:
 
 
 def _check_expression(expr: str, spec: str) -> str:
-    """``expr`` must be one balanced ``( ... )`` with no statement break or comment outside literals."""
+    """``expr`` must be one balanced ``( ... )`` that cannot end the statement.
+
+    The text is scanned as PostgreSQL's lexer would, for the parts that can hide
+    a statement break: string literals (``'...'`` with ``''``), quoted names
+    (``"..."`` with ``""``), comments and dollar quotes. A backslash is refused
+    anywhere: it is what makes ``E'...'`` strings end somewhere else than plain
+    ones, and without it every literal ends at the same quote for the server and
+    for this scan. So a ``;`` the scan does not see cannot exist, and the
+    statement sent is exactly one ``CREATE PUBLICATION``.
+    """
+    fix = "a row filter is one expression in parentheses: comparisons, AND/OR/NOT, IS NULL, IN, constants"
     if not expr.startswith("("):
         raise ConfigError(f"row filter in {spec!r} must be in parentheses", "write: --table 'schema.tbl WHERE (expr)'")
+    if "\\" in expr:
+        raise ConfigError(
+            f"row filter of {spec!r} contains a backslash",
+            "backslashes are not accepted in a row filter; write the character as chr(92) || '...'",
+        )
     depth = 0
     i = 0
     n = len(expr)
@@ -62,11 +77,9 @@ def _check_expression(expr: str, spec: str) -> str:
                 break
             i = j + 1
             continue
-        if ch == ";" or expr.startswith("--", i) or expr.startswith("/*", i) or ch == "$":
-            raise ConfigError(
-                f"row filter of {spec!r} contains {ch!r} outside a string literal",
-                "a row filter is one expression: comparisons, AND/OR/NOT, IS NULL, IN, constants",
-            )
+        if ch in ";$" or expr.startswith("--", i) or expr.startswith("/*", i):
+            what = expr[i : i + 2] if ch in "-/" else ch
+            raise ConfigError(f"row filter of {spec!r} contains {what!r} outside a string literal", fix)
         if ch == "(":
             depth += 1
         elif ch == ")":
@@ -76,8 +89,6 @@ def _check_expression(expr: str, spec: str) -> str:
                     f"unexpected text after the row filter in {spec!r}: {expr[i + 1:].strip()!r}",
                     "write: --table 'schema.tbl [(col, ...)] [WHERE (expr)]'",
                 )
-            if depth < 0:
-                break
         i += 1
     if depth != 0:
         raise ConfigError(f"unbalanced parentheses in row filter of {spec!r}", "close every (")
@@ -137,7 +148,26 @@ def create_publication(
         with conn.cursor() as cur:
             cur.execute(query)
     except psycopg2.Error as exc:
+        if exc.pgcode in _BAD_DEFINITION:
+            detail = getattr(exc.diag, "message_detail", None)
+            raise ConfigError(
+                f"PostgreSQL refused the publication: {exc.diag.message_primary}" + (f" ({detail})" if detail else ""),
+                "a row filter may use only the table's columns, constants, built-in immutable operators and functions",
+                sqlstate=exc.pgcode,
+            ) from None
+        if exc.pgcode == "42501":
+            raise PrivilegeError(
+                f"cannot create publication {name}: {exc.diag.message_primary}",
+                "publications are created by the tables' owner holding CREATE on the database "
+                "(FOR ALL TABLES: a superuser); see sql/least_privilege.sql",
+                sqlstate=exc.pgcode,
+            ) from None
         raise translate(exc) from None
+
+
+# A publication definition PostgreSQL refuses as written: syntax error, feature
+# not allowed in a row filter, wrong type, unknown function or operator.
+_BAD_DEFINITION = frozenset({"42601", "0A000", "42804", "42883", "42P18", "22P02"})
 
 
 def drop_publication(conn: Any, name: str, *, if_exists: bool = False) -> bool:
@@ -157,9 +187,12 @@ def drop_publication(conn: Any, name: str, *, if_exists: bool = False) -> bool:
 
 def publication_exists(conn: Any, name: str) -> bool:
     """True when the publication exists in the connected database."""
-    with conn.cursor() as cur:
-        cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,))
-        return cur.fetchone() is not None
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (name,))
+            return cur.fetchone() is not None
+    except psycopg2.Error as exc:
+        raise translate(exc) from None
 
 
 @dataclass(frozen=True)
@@ -196,27 +229,44 @@ class PublicationInfo:
         }
 
 
+_TABLES_QUERY = """
+SELECT pt.schemaname, pt.tablename, pt.attnames::text[], pt.rowfilter, pr.prattrs IS NOT NULL
+FROM pg_publication_tables pt
+JOIN pg_publication p ON p.pubname = pt.pubname
+JOIN pg_namespace n ON n.nspname = pt.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+LEFT JOIN pg_publication_rel pr ON pr.prpubid = p.oid AND pr.prrelid = c.oid
+WHERE pt.pubname = %s
+ORDER BY pt.schemaname, pt.tablename
+"""
+
+
 def show_publication(conn: Any, name: str) -> PublicationInfo:
     """The publication, its actions and each table's column list and row filter."""
     check_identifier(name, "publication name")
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot "
-            "FROM pg_publication WHERE pubname = %s",
-            (name,),
-        )
-        row = cur.fetchone()
-        if row is None:
-            raise PublicationNotFoundError(
-                f'publication "{name}" does not exist', "create it: pgpoll publication create NAME --table schema.tbl"
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot "
+                "FROM pg_publication WHERE pubname = %s",
+                (name,),
             )
-        publish = tuple(a for a, on in zip(PUBLISH_ACTIONS, row[1:5]) if on)
-        cur.execute(
-            "SELECT schemaname, tablename, attnames::text[], rowfilter FROM pg_publication_tables "
-            "WHERE pubname = %s ORDER BY schemaname, tablename",
-            (name,),
+            row = cur.fetchone()
+            if row is not None:
+                # pg_publication_tables.attnames lists every column when the table has no
+                # column list; pg_publication_rel.prattrs is NULL then (and there is no
+                # pg_publication_rel row at all for FOR ALL TABLES).
+                cur.execute(_TABLES_QUERY, (name,))
+                table_rows = cur.fetchall()
+    except psycopg2.Error as exc:
+        raise translate(exc) from None
+    if row is None:
+        raise PublicationNotFoundError(
+            f'publication "{name}" does not exist', "create it: pgpoll publication create NAME --table schema.tbl"
         )
-        tables = []
-        for schema, table, attnames, rowfilter in cur.fetchall():
-            tables.append(PublishedTable(schema, table, tuple(attnames) if attnames else None, rowfilter))
+    publish = tuple(a for a, on in zip(PUBLISH_ACTIONS, row[1:5]) if on)
+    tables = [
+        PublishedTable(schema, table, tuple(attnames) if has_list else None, rowfilter)
+        for schema, table, attnames, rowfilter, has_list in table_rows
+    ]
     return PublicationInfo(name, bool(row[0]), publish, bool(row[5]), tuple(tables))

@@ -9,7 +9,7 @@ takes an open psycopg2 connection (autocommit) from
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Generator, Optional
 
 import psycopg2
 import psycopg2.extensions
@@ -247,12 +247,12 @@ def peek_rows(
     options: list[str],
     itersize: int = 10000,
     raw_text: bool = False,
-) -> Iterator[tuple[Lsn, Optional[int], Any]]:
+) -> Generator[tuple[Lsn, Optional[int], Any], None, None]:
     """Stream ``(lsn, xid, data)`` rows of a peek through a server-side cursor.
 
     Never consumes: the slot does not move. ``data`` is ``str`` for
     test_decoding (``bytes`` when ``raw_text``, so the caller decides what
-    to do with output that is not valid UTF-8) and ``bytes`` for pgoutput. The connection must not be in
+    to do with output that is not valid UTF-8) and ``memoryview`` for pgoutput. The connection must not be in
     autocommit for the named cursor; this function opens and ends its own
     transaction.
     """
@@ -273,7 +273,8 @@ def peek_rows(
                 psycopg2.extensions.register_type(psycopg2.extensions.BYTES, cur)
             cur.execute(query, params)
             for lsn_text, xid, data in cur:
-                yield Lsn.parse(lsn_text), xid, (bytes(data) if isinstance(data, memoryview) else data)
+                hi, _, lo = lsn_text.partition("/")
+                yield Lsn((int(hi, 16) << 32) | int(lo, 16)), xid, data
         conn.commit()
     except psycopg2.Error as exc:
         try:

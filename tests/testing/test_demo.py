@@ -1,0 +1,63 @@
+"""``make demo`` (``pgpoll.testing.demo``): the slots fill, pgpoll shows them, the server always stops."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+
+from pgpoll.testing import demo
+
+
+@pytest.fixture
+def seen_dsns(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the DSN run_demo gets (to check afterwards that its server is gone)."""
+    seen: list[str] = []
+    original = demo.run_demo
+
+    def recording(dsn: str, workdir: Path) -> None:
+        seen.append(dsn)
+        original(dsn, workdir)
+
+    monkeypatch.setattr(demo, "run_demo", recording)
+    return seen
+
+
+def assert_server_gone(dsn: str) -> None:
+    with pytest.raises(psycopg2.OperationalError):
+        psycopg2.connect(dsn, connect_timeout=3)
+
+
+def test_demo_shows_the_slots_filling_and_their_changes(tmp_path: Path, capsys: Any, seen_dsns: list[str]) -> None:
+    assert demo.main(["--workdir", str(tmp_path / "work")]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "work").is_dir()
+    assert f"$ pgpoll slot peek {demo.TEXT_SLOT}" in out
+    assert f"$ pgpoll slot peek {demo.BINARY_SLOT} --publication {demo.PUBLICATION} --limit 8" in out
+    listing = [line for line in out.splitlines() if line.startswith(demo.TEXT_SLOT + " ")]
+    assert len(listing) == 2 and int(listing[0].split()[7]) < int(listing[-1].split()[7])  # the lag grew
+    for change in ("INSERT: id[integer]:1 customer[text]:'customer 1'", "UPDATE: id[integer]:2", "DELETE: id[integer]:5",
+                   "customer[text]:'O''Brien'", "table public.orders: TRUNCATE: (no-flags)"):
+        assert change in out
+    assert "\tI 49" in out  # pgoutput Insert messages, shown as hex
+    assert ":***@127.0.0.1" in out
+    assert out.rstrip().endswith("stopped the throwaway server")
+    assert_server_gone(seen_dsns[0])
+
+
+def test_demo_stops_the_server_when_a_step_fails(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch, seen_dsns: list[str]
+) -> None:
+    def failing(dsn: str, workdir: Path) -> None:
+        seen_dsns.append(dsn)
+        demo.pgpoll(dsn, "slot", "peek", "no_such_slot")
+
+    monkeypatch.setattr(demo, "run_demo", failing)
+    assert demo.main(["--workdir", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert 'replication slot "no_such_slot" does not exist' in captured.out
+    assert "demo failed: pgpoll slot peek exited 4" in captured.err
+    assert captured.out.rstrip().endswith("stopped the throwaway server")
+    assert_server_gone(seen_dsns[-1])
