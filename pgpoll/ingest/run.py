@@ -227,7 +227,8 @@ def run_ingest(opts: IngestOptions, spark: Any = None) -> RunSummary:
             faults.crash_if("after-write", fault)
             start = outcome.first_commit_lsn if outcome.first_commit_lsn is not None else outcome.advance_to
             record = sink.publish(
-                staging, start=start, end=outcome.advance_to, rows=outcome.changes, slot=opts.slot, plugin=plugin
+                staging, start=start, end=outcome.advance_to, rows=outcome.changes, slot=opts.slot, plugin=plugin,
+                last_commit_ts=outcome.last_commit_ts,
             )
             faults.crash_if("after-commit-log", fault)
             control.advance(Lsn(outcome.advance_to))

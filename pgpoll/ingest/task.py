@@ -75,6 +75,7 @@ class BatchOutcome:
     advance_to: Optional[int] = None
     first_commit_lsn: Optional[int] = None
     last_commit_lsn: Optional[int] = None
+    last_commit_ts: Optional[str] = None
     open_transaction_at_end: bool = False
     error: Optional[PgpollError] = None
     reject: Optional[dict[str, Any]] = None
@@ -166,6 +167,8 @@ def iter_batch(spec: BatchSpec, outcome: BatchOutcome) -> Iterator[pa.RecordBatc
                         outcome.first_commit_lsn = record.commit_lsn
                     if outcome.last_commit_lsn is None or record.commit_lsn > outcome.last_commit_lsn:
                         outcome.last_commit_lsn = record.commit_lsn
+                        if record.commit_ts is not None:
+                            outcome.last_commit_ts = record.commit_ts.isoformat()
                 if len(builder) >= spec.rows_per_arrow_batch:
                     yield builder.flush()
                     if not yielded:

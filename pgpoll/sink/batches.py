@@ -66,7 +66,9 @@ class BatchSink:
     def _data_files(self, directory: str) -> list[tuple[str, int]]:
         return [(n, size) for n, is_dir, size in self.fs.list(directory) if not is_dir and n.startswith("part-")]
 
-    def publish(self, staging: str, *, start: int, end: int, rows: int, slot: str, plugin: str) -> CommitRecord:
+    def publish(
+        self, staging: str, *, start: int, end: int, rows: int, slot: str, plugin: str, last_commit_ts: Optional[str] = None
+    ) -> CommitRecord:
         """Move a staged batch into ``changes/`` and write its commit-log record."""
         partition: Optional[str] = None
         files: list[str] = []
@@ -86,7 +88,8 @@ class BatchSink:
         else:
             self.fs.delete(staging)
         record = CommitRecord(
-            start=str(Lsn(start)), end=str(Lsn(end)), rows=rows, files=files, partition=partition, slot=slot, plugin=plugin
+            start=str(Lsn(start)), end=str(Lsn(end)), rows=rows, files=files, partition=partition, slot=slot,
+            plugin=plugin, last_commit_ts=last_commit_ts,
         )
         self.log.append(record)
         return record

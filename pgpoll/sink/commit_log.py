@@ -26,7 +26,8 @@ class CommitRecord:
     ``start``/``end`` are the smallest and largest commit LSN the batch
     accounts for (``end`` is where the slot is advanced to); ``partition`` is
     the directory under ``changes/`` (None when the batch wrote no rows, e.g.
-    only a heartbeat or filtered transactions).
+    only a heartbeat or filtered transactions); ``last_commit_ts`` is the
+    commit time of the newest change written (ISO 8601, UTC), for lag in time.
     """
 
     start: str
@@ -38,6 +39,7 @@ class CommitRecord:
     plugin: str
     committed_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
     adopted: bool = False
+    last_commit_ts: Optional[str] = None
 
     @property
     def end_lsn(self) -> Lsn:

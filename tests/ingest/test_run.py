@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,9 @@ def test_commit_log_records_every_batch(capture: Capture, spark: Any) -> None:
     assert last["slot"] == capture.slot and last["plugin"] == capture.plugin
     assert last["end"] == result.summary["last_lsn"]  # type: ignore[index]
     assert sum(r["rows"] for r in records) == 30
+    newest = max(r["commit_ts"] for r in read_output(spark, capture.output))  # naive, in the session's UTC
+    last = max(datetime.fromisoformat(r["last_commit_ts"]) for r in records if r["rows"])
+    assert last.tzinfo is not None and last.replace(tzinfo=None) == newest
     for rec in records:
         if rec["partition"]:
             names = {p.name for p in (Path(capture.output) / "changes" / rec["partition"]).glob("part-*")}
