@@ -11,6 +11,7 @@ SLOT_BUSY = 3
 SOURCE = 4
 SINK = 5
 DECODE = 6
+STATUS_ALERT = 7
 
 EXIT_CODES: dict[int, str] = {
     OK: "success (also: nothing to do)",
@@ -20,6 +21,7 @@ EXIT_CODES: dict[int, str] = {
     SOURCE: "source precondition failed (missing slot or publication, wrong plugin, wal_level, privileges, invalidated slot)",
     SINK: "sink error: output not writable or commit failed",
     DECODE: "decode error: plugin output could not be parsed",
+    STATUS_ALERT: "status alert: lag above --max-lag-bytes",
 }
 
 

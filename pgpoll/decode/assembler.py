@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Iterable, Iterator, MutableSequence, Optional
+from typing import Iterable, Iterator, Optional
 
 from pgpoll.changes import (
     Begin,
@@ -71,7 +71,7 @@ class _Txn:
     xid: Optional[int]
     commit_ts: Optional[datetime] = None
     first_lsn: Optional[int] = None  # the BEGIN row's (or first stream block's) lsn
-    changes: MutableSequence[Change] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
     opaque: int = 0  # streamed changes whose data the plugin did not print
 
 
@@ -83,10 +83,6 @@ class TransactionAssembler:
     allow_opaque_streams:
         Skip, instead of failing on, streamed changes whose data the plugin
         did not print (test_decoding with ``stream-changes``).
-    buffer_factory:
-        Makes the buffer of an open transaction (default ``list``). The ingest
-        task passes one that spills to disk, so a transaction of any size
-        passes through bounded memory; use :meth:`feed_iter` then.
 
     Examples
     --------
@@ -97,14 +93,8 @@ class TransactionAssembler:
     True
     """
 
-    def __init__(
-        self,
-        *,
-        allow_opaque_streams: bool = False,
-        buffer_factory: Callable[[], MutableSequence[Any]] = list,
-    ) -> None:
+    def __init__(self, *, allow_opaque_streams: bool = False) -> None:
         self._allow_opaque = allow_opaque_streams
-        self._new_buffer = buffer_factory
         self._txn: Optional[_Txn] = None
         self._stream: Optional[_Txn] = None  # the stream block being read
         self._streams: dict[int, _Txn] = {}
@@ -156,14 +146,9 @@ class TransactionAssembler:
 
     def feed(self, event: Event) -> list[ChangeRecord]:
         """Take the next event; return the records it completes (often none)."""
-        return list(self.feed_iter(event))
+        return list(self._feed(event))
 
-    def feed_iter(self, event: Event) -> Iterable[ChangeRecord]:
-        """Like :meth:`feed`, but a committed transaction's records are produced lazily.
-
-        The state change happens at once; iterate the result before feeding
-        the next event.
-        """
+    def _feed(self, event: Event) -> Iterable[ChangeRecord]:
         if isinstance(event, (RowChange, Truncate)):
             target = self._stream or self._txn
             if target is not None:
@@ -175,7 +160,7 @@ class TransactionAssembler:
         if isinstance(event, (Begin, BeginPrepare)):
             self._require_idle(event)
             ts = event.commit_ts if isinstance(event, Begin) else None
-            self._txn = _Txn(event.xid, ts, event.lsn, self._new_buffer())
+            self._txn = _Txn(event.xid, ts, event.lsn)
             return []
         if isinstance(event, Commit):
             txn = self._take_txn(event)

@@ -18,6 +18,7 @@ import psycopg2
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
 from pgpoll.errors import SlotBusyError
+from pgpoll.ingest.batch_assembler import HEARTBEAT_PREFIX
 from pgpoll.lsn import Lsn
 from pgpoll.source import slots as slot_access
 from pgpoll.source.connection import ConnectionTarget, connect
@@ -99,7 +100,7 @@ class ControlConnection:
         def emit(conn: Any) -> Lsn:
             try:
                 with conn.cursor() as cur:
-                    cur.execute("SELECT pg_logical_emit_message(true, %s, %s)::text", ("pgpoll.heartbeat", content))
+                    cur.execute("SELECT pg_logical_emit_message(true, %s, %s)::text", (HEARTBEAT_PREFIX, content))
                     return Lsn.parse(cur.fetchone()[0])
             except psycopg2.Error as exc:
                 raise translate(exc, slot=self.slot) from None

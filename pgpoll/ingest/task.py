@@ -19,14 +19,11 @@ from typing import Any, Callable, Iterator, Optional
 
 import pyarrow as pa
 
-from pgpoll.changes import Commit, CommitPrepared, LogicalMessage, Op, RollbackPrepared
+from pgpoll.changes import Begin, Commit, Ignored, LogicalMessage, RowChange, Truncate
 from pgpoll.errors import DecodeError, PgpollError
 from pgpoll.ingest import faults
-from pgpoll.ingest.spill import SpillBuffer
+from pgpoll.ingest.batch_assembler import BatchAssembler
 from pgpoll.lsn import Lsn
-from pgpoll.sink.envelope import EnvelopeBuilder
-
-HEARTBEAT_PREFIX = "pgpoll.heartbeat"
 
 
 @dataclass(frozen=True)
@@ -59,7 +56,6 @@ class BatchSpec:
     table_filter: TableFilter = TableFilter()
     proto_version: int = 1
     rows_per_arrow_batch: int = 65536
-    spill_after: int = 20_000
     fault: Optional[str] = None
 
     def __repr__(self) -> str:  # never show the DSN (it may carry a password)
@@ -88,7 +84,12 @@ def make_decoder(plugin: str, proto_version: int) -> Callable[[Any, Optional[Lsn
         from pgpoll.decode.pgoutput import PgoutputDecoder
 
         pg = PgoutputDecoder(proto_version)
-        return lambda data, lsn, xid: pg.decode(data, lsn)
+
+        def decode_binary(data: Any, lsn: Optional[Lsn], xid: Optional[int]) -> Any:
+            return pg.decode(data, lsn)
+
+        decode_binary.fast_row = pg.decode_row  # type: ignore[attr-defined]
+        return decode_binary
     from pgpoll.decode.test_decoding import TestDecodingDecoder
 
     td = TestDecodingDecoder()
@@ -124,71 +125,82 @@ def iter_batch(spec: BatchSpec, outcome: BatchOutcome) -> Iterator[pa.RecordBatc
     ``outcome.reject``) instead of raised, so the driver can report them with
     their own exit code.
     """
-    from pgpoll.decode.assembler import TransactionAssembler
     from pgpoll.source.connection import ConnectionTarget, connect
     from pgpoll.source.slots import peek_rows
 
     conn = None
+    asm = BatchAssembler(high_water_mark=spec.high_water_mark, accepts=spec.table_filter.accepts,
+                         rows_per_batch=spec.rows_per_arrow_batch)
     try:
         conn = connect(ConnectionTarget(spec.dsn, "task"), application_name=f"pgpoll ingest {spec.slot}")
         decode = make_decoder(spec.plugin, spec.proto_version)
-        assembler = TransactionAssembler(buffer_factory=lambda: SpillBuffer(spec.spill_after))
-        builder = EnvelopeBuilder()
-        hwm = spec.high_water_mark
-        yielded = False
+        fast_row = getattr(decode, "fast_row", None)
         rows = peek_rows(
             conn, spec.slot, spec.plugin, upto_nchanges=spec.upto_nchanges, options=list(spec.options), raw_text=True
         )
+        yielded = False
         for lsn, xid, data in rows:
             outcome.peeked_rows += 1
             if outcome.peeked_rows == 1:
                 faults.crash_if("after-peek", spec.fault)
             try:
-                event = decode(data, lsn, xid)
+                fields = fast_row(data) if fast_row is not None else None
+                if fields is not None:
+                    out = asm.row_fields(fields, lsn)
+                else:
+                    out = _dispatch(asm, decode(data, lsn, xid), lsn)
+                for batch in out:
+                    yield batch
+                    if not yielded:
+                        yielded = True
+                        faults.crash_if("mid-write", spec.fault)
             except DecodeError as exc:
                 outcome.error = exc
                 outcome.reject = _reject(lsn, xid, data, exc, outcome.peeked_rows)
                 return
-            if isinstance(event, (Commit, CommitPrepared, RollbackPrepared)):
-                outcome.advance_to = int(lsn)
-            elif isinstance(event, LogicalMessage) and not event.transactional:
-                outcome.advance_to = int(lsn)
-            for record in assembler.feed_iter(event):
-                if record.commit_lsn is not None and hwm is not None and record.commit_lsn <= hwm:
-                    continue  # already in the output (the slot was behind the commit log)
-                if record.op == Op.MESSAGE and record.message_prefix == HEARTBEAT_PREFIX:
-                    continue
-                if not spec.table_filter.accepts(record.schema_name, record.table_name):
-                    continue
-                builder.append(record)
-                outcome.changes += 1
-                if record.commit_lsn is not None:
-                    if outcome.first_commit_lsn is None or record.commit_lsn < outcome.first_commit_lsn:
-                        outcome.first_commit_lsn = record.commit_lsn
-                    if outcome.last_commit_lsn is None or record.commit_lsn > outcome.last_commit_lsn:
-                        outcome.last_commit_lsn = record.commit_lsn
-                        if record.commit_ts is not None:
-                            outcome.last_commit_ts = record.commit_ts.isoformat()
-                if len(builder) >= spec.rows_per_arrow_batch:
-                    yield builder.flush()
-                    if not yielded:
-                        yielded = True
-                        faults.crash_if("mid-write", spec.fault)
-        outcome.open_transaction_at_end = bool(getattr(assembler, "in_transaction", False))
-        if len(builder):
-            yield builder.flush()
+        outcome.open_transaction_at_end = asm.in_transaction
+        for batch in asm.finish():
+            yield batch
             if not yielded:
+                yielded = True
                 faults.crash_if("mid-write", spec.fault)
     except PgpollError as exc:
         outcome.error = exc
     except Exception as exc:  # reported to the driver, which decides the exit code
         outcome.error = PgpollError(f"batch task failed: {type(exc).__name__}: {exc}", "run again with PGPOLL_DEBUG=1")
     finally:
+        outcome.changes = asm.changes
+        outcome.advance_to = asm.advance_to
+        outcome.first_commit_lsn = asm.first_commit_lsn
+        outcome.last_commit_lsn = asm.last_commit_lsn
+        outcome.last_commit_ts = asm.last_commit_ts.isoformat() if asm.last_commit_ts else None
         if conn is not None:
             try:
                 conn.close()
             except Exception:
                 pass
+
+
+def _dispatch(asm: BatchAssembler, event: Any, lsn: int) -> Iterator[pa.RecordBatch]:
+    """Route one decoded event to the batch assembler."""
+    if isinstance(event, RowChange):
+        return asm.row_change(event, lsn)
+    if isinstance(event, Begin):
+        asm.begin(event.xid, event.commit_ts)
+        return iter(())
+    if isinstance(event, Commit):
+        return asm.commit(lsn, event.xid, event.commit_ts)
+    if isinstance(event, LogicalMessage):
+        return asm.message(event, lsn)
+    if isinstance(event, Truncate):
+        return asm.truncate(event, lsn)
+    if isinstance(event, Ignored):
+        return iter(())
+    raise DecodeError(
+        f"{type(event).__name__} at {Lsn(lsn)}: pgpoll ingest reads whole transactions only",
+        "do not create the slot with two-phase decoding, and do not peek with streaming",
+        lsn=str(Lsn(lsn)),
+    )
 
 
 def _peak_rss_kb() -> int:

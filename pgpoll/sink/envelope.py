@@ -1,4 +1,4 @@
-"""The change envelope as Arrow and Spark see it, and a builder of Arrow record batches.
+"""The change envelope as Arrow and Spark see it, and a column-wise builder of it.
 
 Columns, exactly (the README's output contract): ``commit_lsn`` bigint,
 ``lsn`` bigint, ``seq`` int, ``xid`` bigint, ``commit_ts`` timestamp (UTC),
@@ -6,18 +6,23 @@ Columns, exactly (the README's output contract): ``commit_lsn`` bigint,
 map<string,string>, ``unchanged_toast`` array<string>, ``message_prefix``
 string, ``message_content`` binary, ``transactional`` boolean. The
 ``lsn_range`` partition column comes from the directory name.
+
+:class:`ChangeColumns` collects changes straight into Python lists, one per
+column (a map column as flat keys, values and offsets), with no object per
+change; converting to Arrow is then a handful of C-level calls. The
+transaction columns (``commit_lsn``, ``seq``, ``xid``, ``commit_ts``) of the
+rows of an open transaction are filled in when it commits.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional
+from typing import Iterable, Optional, Sequence
 
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (pa.compute)
-
-from pgpoll.changes import ChangeRecord
+import pyarrow.compute as pc
 
 _MAP = pa.map_(pa.string(), pa.string())
+_TS = pa.timestamp("us", tz="UTC")
 
 ENVELOPE_SCHEMA = pa.schema(
     [
@@ -25,7 +30,7 @@ ENVELOPE_SCHEMA = pa.schema(
         pa.field("lsn", pa.int64()),
         pa.field("seq", pa.int32()),
         pa.field("xid", pa.int64()),
-        pa.field("commit_ts", pa.timestamp("us", tz="UTC")),
+        pa.field("commit_ts", _TS),
         pa.field("op", pa.string()),
         pa.field("schema_name", pa.string()),
         pa.field("table_name", pa.string()),
@@ -44,99 +49,171 @@ SPARK_DDL = (
     "unchanged_toast array<string>, message_prefix string, message_content binary, transactional boolean"
 )
 
+_NO_TOAST: list[str] = []
+
 
 class _MapColumn:
-    """Builds a map<string,string> column from flat keys/values and offsets (no per-row Arrow calls)."""
+    """A map<string,string> column as flat keys/values plus offsets; ``None`` rows are null maps."""
 
-    __slots__ = ("offsets", "keys", "values", "valid")
+    __slots__ = ("offsets", "keys", "values", "nulls")
 
     def __init__(self) -> None:
         self.offsets: list[int] = [0]
         self.keys: list[str] = []
         self.values: list[Optional[str]] = []
-        self.valid: list[bool] = []
+        self.nulls: list[int] = []  # row numbers of null maps
 
-    def append(self, row: Optional[Mapping[str, Optional[str]]]) -> None:
-        if row is None:
-            self.valid.append(False)
+    def add(self, keys: Optional[Iterable[str]], values: Iterable[Optional[str]] = ()) -> None:
+        if keys is None:
+            self.nulls.append(len(self.offsets) - 1)
         else:
-            self.keys.extend(row.keys())
-            self.values.extend(row.values())
-            self.valid.append(True)
+            self.keys.extend(keys)
+            self.values.extend(values)
         self.offsets.append(len(self.keys))
 
-    def finish(self) -> pa.Array:
-        offsets = pa.array(self.offsets, pa.int32())
-        if not all(self.valid):
-            mask = pa.array([not v for v in self.valid] + [False], pa.bool_())
-            offsets = pa.compute.if_else(mask, pa.scalar(None, pa.int32()), offsets)
-        return pa.MapArray.from_arrays(offsets, pa.array(self.keys, pa.string()), pa.array(self.values, pa.string()))
+    def slice_arrays(self, start: int, stop: int) -> pa.Array:
+        """Rows ``start..stop`` as a MapArray."""
+        lo, hi = self.offsets[start], self.offsets[stop]
+        offsets = pa.array([o - lo for o in self.offsets[start : stop + 1]], pa.int32())
+        nulls = [n - start for n in self.nulls if start <= n < stop]
+        if nulls:
+            mask = [False] * (stop - start + 1)
+            for n in nulls:
+                mask[n] = True
+            offsets = pc.if_else(pa.array(mask, pa.bool_()), pa.scalar(None, pa.int32()), offsets)
+        return pa.MapArray.from_arrays(
+            offsets, pa.array(self.keys[lo:hi], pa.string()), pa.array(self.values[lo:hi], pa.string())
+        )
+
+    def truncate(self, rows: int) -> None:
+        """Keep only the first ``rows`` rows."""
+        end = self.offsets[rows]
+        del self.offsets[rows + 1 :]
+        del self.keys[end:]
+        del self.values[end:]
+        self.nulls = [n for n in self.nulls if n < rows]
 
 
-class EnvelopeBuilder:
-    """Collects :class:`ChangeRecord` values column by column into Arrow record batches."""
+class ChangeColumns:
+    """The change envelope, column by column, for the rows of one Arrow record batch."""
 
     def __init__(self) -> None:
-        self._reset()
+        self.clear()
 
-    def _reset(self) -> None:
+    def clear(self) -> None:
+        """Start empty."""
         self.commit_lsn: list[Optional[int]] = []
         self.lsn: list[Optional[int]] = []
         self.seq: list[int] = []
         self.xid: list[Optional[int]] = []
-        self.commit_ts: list[Any] = []
+        self.commit_ts: list[Optional[int]] = []  # microseconds since 1970-01-01 UTC
         self.op: list[str] = []
         self.schema_name: list[Optional[str]] = []
         self.table_name: list[Optional[str]] = []
         self.before = _MapColumn()
         self.after = _MapColumn()
-        self.unchanged_toast: list[Optional[list[str]]] = []
+        self.unchanged_toast: list[list[str]] = []
         self.message_prefix: list[Optional[str]] = []
         self.message_content: list[Optional[bytes]] = []
         self.transactional: list[Optional[bool]] = []
 
     def __len__(self) -> int:
+        return len(self.op)
+
+    def add_row(
+        self,
+        lsn: Optional[int],
+        op: str,
+        schema: str,
+        table: str,
+        before_keys: Optional[Sequence[str]],
+        before_values: Sequence[Optional[str]],
+        after_keys: Optional[Sequence[str]],
+        after_values: Sequence[Optional[str]],
+        unchanged_toast: list[str] = _NO_TOAST,
+    ) -> None:
+        """One INSERT/UPDATE/DELETE/TRUNCATE row (transaction columns filled later)."""
+        self.lsn.append(lsn)
+        self.op.append(op)
+        self.schema_name.append(schema)
+        self.table_name.append(table)
+        self.before.add(before_keys, before_values)
+        self.after.add(after_keys, after_values)
+        self.unchanged_toast.append(unchanged_toast)
+        self.message_prefix.append(None)
+        self.message_content.append(None)
+        self.transactional.append(None)
+
+    def add_message(self, lsn: Optional[int], prefix: str, content: bytes, transactional: bool) -> None:
+        """One logical message row (op ``M``)."""
+        self.lsn.append(lsn)
+        self.op.append("M")
+        self.schema_name.append(None)
+        self.table_name.append(None)
+        self.before.add(None)
+        self.after.add(None)
+        self.unchanged_toast.append(_NO_TOAST)
+        self.message_prefix.append(prefix)
+        self.message_content.append(content)
+        self.transactional.append(transactional)
+
+    def fill_transaction(self, commit_lsn: Optional[int], xid: Optional[int], commit_ts: Optional[int], first_seq: int) -> None:
+        """Set the transaction columns of every row added since they were last filled."""
+        start = len(self.seq)
+        n = len(self.op) - start
+        self.commit_lsn.extend([commit_lsn] * n)
+        self.xid.extend([xid] * n)
+        self.commit_ts.extend([commit_ts] * n)
+        self.seq.extend(range(first_seq, first_seq + n))
+
+    @property
+    def filled(self) -> int:
+        """Rows whose transaction columns are set (the rest belong to the open transaction)."""
         return len(self.seq)
 
-    def append(self, r: ChangeRecord) -> None:
-        """Add one record."""
-        self.commit_lsn.append(r.commit_lsn)
-        self.lsn.append(r.lsn)
-        self.seq.append(r.seq)
-        self.xid.append(r.xid)
-        self.commit_ts.append(r.commit_ts)
-        self.op.append(r.op.value if hasattr(r.op, "value") else str(r.op))
-        self.schema_name.append(r.schema_name)
-        self.table_name.append(r.table_name)
-        self.before.append(r.before)
-        self.after.append(r.after)
-        self.unchanged_toast.append(list(r.unchanged_toast))
-        self.message_prefix.append(r.message_prefix)
-        self.message_content.append(r.message_content)
-        self.transactional.append(r.transactional)
+    def drop_unfilled(self) -> None:
+        """Forget the rows of the open transaction."""
+        keep = len(self.seq)
+        for column in (self.lsn, self.op, self.schema_name, self.table_name, self.unchanged_toast,
+                       self.message_prefix, self.message_content, self.transactional):
+            del column[keep:]
+        self.before.truncate(keep)
+        self.after.truncate(keep)
 
-    def extend(self, records: Iterable[ChangeRecord]) -> None:
-        """Add several records."""
-        for r in records:
-            self.append(r)
+    def to_batch(self, start: int = 0, stop: Optional[int] = None, *, unfilled: bool = False) -> pa.RecordBatch:
+        """Rows ``start..stop`` as a record batch; ``unfilled`` leaves the transaction columns null."""
+        stop = len(self) if stop is None else stop
+        n = stop - start
 
-    def flush(self) -> pa.RecordBatch:
-        """The collected records as one record batch; the builder starts empty again."""
+        def tx(values: list, kind: pa.DataType) -> pa.Array:  # type: ignore[type-arg]
+            return pa.nulls(n, kind) if unfilled else pa.array(values[start:stop], kind)
+
         arrays = [
-            pa.array(self.commit_lsn, pa.int64()),
-            pa.array(self.lsn, pa.int64()),
-            pa.array(self.seq, pa.int32()),
-            pa.array(self.xid, pa.int64()),
-            pa.array(self.commit_ts, pa.timestamp("us", tz="UTC")),
-            pa.array(self.op, pa.string()),
-            pa.array(self.schema_name, pa.string()),
-            pa.array(self.table_name, pa.string()),
-            self.before.finish(),
-            self.after.finish(),
-            pa.array(self.unchanged_toast, pa.list_(pa.string())),
-            pa.array(self.message_prefix, pa.string()),
-            pa.array(self.message_content, pa.binary()),
-            pa.array(self.transactional, pa.bool_()),
+            tx(self.commit_lsn, pa.int64()),
+            pa.array(self.lsn[start:stop], pa.int64()),
+            tx(self.seq, pa.int32()),
+            tx(self.xid, pa.int64()),
+            pa.nulls(n, _TS) if unfilled else pa.array(self.commit_ts[start:stop], pa.int64()).cast(_TS),
+            pa.array(self.op[start:stop], pa.string()),
+            pa.array(self.schema_name[start:stop], pa.string()),
+            pa.array(self.table_name[start:stop], pa.string()),
+            self.before.slice_arrays(start, stop),
+            self.after.slice_arrays(start, stop),
+            pa.array(self.unchanged_toast[start:stop], pa.list_(pa.string())),
+            pa.array(self.message_prefix[start:stop], pa.string()),
+            pa.array(self.message_content[start:stop], pa.binary()),
+            pa.array(self.transactional[start:stop], pa.bool_()),
         ]
-        self._reset()
         return pa.RecordBatch.from_arrays(arrays, schema=ENVELOPE_SCHEMA)
+
+
+def with_transaction(batch: pa.RecordBatch, commit_lsn: Optional[int], xid: Optional[int],
+                     commit_ts: Optional[int], first_seq: int) -> pa.RecordBatch:
+    """``batch`` (written with null transaction columns) with them filled in."""
+    n = batch.num_rows
+    columns = list(batch.columns)
+    columns[0] = pa.array([commit_lsn] * n, pa.int64())
+    columns[2] = pa.array(range(first_seq, first_seq + n), pa.int32())
+    columns[3] = pa.array([xid] * n, pa.int64())
+    columns[4] = pa.array([commit_ts] * n, pa.int64()).cast(_TS)
+    return pa.RecordBatch.from_arrays(columns, schema=ENVELOPE_SCHEMA)

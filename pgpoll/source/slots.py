@@ -20,6 +20,7 @@ from pgpoll.source.names import check_slot_name
 from pgpoll.source.server_errors import translate
 
 PLUGINS = ("test_decoding", "pgoutput")
+_make_lsn = int.__new__  # the server's LSNs need no range check
 BINARY_PLUGINS = frozenset({"pgoutput"})
 
 
@@ -274,7 +275,7 @@ def peek_rows(
             cur.execute(query, params)
             for lsn_text, xid, data in cur:
                 hi, _, lo = lsn_text.partition("/")
-                yield Lsn((int(hi, 16) << 32) | int(lo, 16)), xid, data
+                yield _make_lsn(Lsn, (int(hi, 16) << 32) | int(lo, 16)), xid, data
         conn.commit()
     except psycopg2.Error as exc:
         try:

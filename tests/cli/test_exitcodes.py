@@ -50,5 +50,5 @@ def test_non_pgpoll_errors_are_unexpected() -> None:
 
 def test_codes_are_the_documented_numbers() -> None:
     assert (exitcodes.OK, exitcodes.UNEXPECTED, exitcodes.USAGE, exitcodes.SLOT_BUSY,
-            exitcodes.SOURCE, exitcodes.SINK, exitcodes.DECODE) == (0, 1, 2, 3, 4, 5, 6)
-    assert sorted(exitcodes.EXIT_CODES) == [0, 1, 2, 3, 4, 5, 6]
+            exitcodes.SOURCE, exitcodes.SINK, exitcodes.DECODE, exitcodes.STATUS_ALERT) == (0, 1, 2, 3, 4, 5, 6, 7)
+    assert sorted(exitcodes.EXIT_CODES) == [0, 1, 2, 3, 4, 5, 6, 7]

@@ -1,0 +1,98 @@
+"""``pgpoll status``: lag in bytes and in time, WAL status and the output's position, for people and monitors.
+
+Exit codes: 0 all well; 4 when a slot is lost (``wal_status = lost``); 7
+when a slot's lag is above ``--max-lag-bytes``. The report is printed first
+in every case, so a monitor gets the numbers with the verdict.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import click
+
+from pgpoll.cli import exitcodes
+from pgpoll.cli.options import dsn_option, json_option, target
+from pgpoll.cli.output import echo_json, echo_table
+from pgpoll.errors import SlotInvalidatedError
+from pgpoll.source.names import check_slot_name
+from pgpoll.status import StatusReport, SlotStatus, collect_status
+
+
+def _slot_name(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    return check_slot_name(value) if value is not None else None
+
+
+def _duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return ""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{seconds:.1f}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def _safe_wal_size(status: SlotStatus) -> Any:
+    # NULL means no max_slot_wal_keep_size limit, unless the slot lost its WAL.
+    info = status.info
+    if info.safe_wal_size is None and info.wal_status in ("reserved", "extended"):
+        return "unlimited"
+    return info.safe_wal_size
+
+
+def _print_table(report: StatusReport, with_output: bool) -> None:
+    if not report.slots:
+        click.echo(f"no logical replication slots in database {report.database}")
+        return
+    headers = ["slot", "plugin", "active_pid", "wal_status", "safe_wal_size", "confirmed_lsn", "lag_bytes", "lag_time"]
+    if with_output:
+        headers += ["high_water_mark", "position"]
+    headers.append("alerts")
+    rows = []
+    for s in report.slots:
+        row: list[Any] = [s.info.name, s.info.plugin, s.info.active_pid, s.info.wal_status, _safe_wal_size(s),
+                          s.info.confirmed_flush_lsn, s.info.lag_bytes, _duration(s.lag_seconds)]
+        if with_output:
+            row += [s.output.high_water_mark if s.output else None, s.position]
+        row.append(",".join(s.alerts))
+        rows.append(row)
+    echo_table(headers, rows)
+
+
+@click.command("status")
+@click.option("--output", default=None, metavar="PATH",
+              help="Output path of the ingest job: compare its commit log with the slot that feeds it (read without Spark).")
+@click.option("--slot", default=None, callback=_slot_name, help="Report only this slot (default: every logical slot of the database).")
+@click.option("--max-lag-bytes", type=click.IntRange(min=0), default=None, metavar="N",
+              help=f"Exit {exitcodes.STATUS_ALERT} when a slot's lag in bytes is above N.")
+@json_option
+@dsn_option
+def command(output: Optional[str], slot: Optional[str], max_lag_bytes: Optional[int], as_json: bool, dsn: Optional[str]) -> None:
+    """Show each slot's lag (bytes and time), WAL status, safe WAL size, active PID and, with --output, its position against the output.
+
+    Exits 4 when a slot is lost and 7 when a lag is above --max-lag-bytes,
+    after printing the report. Nothing is consumed, locked or started.
+    """
+    report = collect_status(target(dsn), slot=slot, output=output, max_lag_bytes=max_lag_bytes)
+    if as_json:
+        for status in report.slots:
+            echo_json(status.as_json())
+    else:
+        _print_table(report, output is not None)
+    for note in report.notes:
+        click.echo(f"note: {note}", err=True)
+    if report.lost:
+        names = ", ".join(s.info.name for s in report.lost)
+        raise SlotInvalidatedError(
+            f"slot(s) {names} lost the WAL they need (wal_status = lost)",
+            "drop and recreate the slot, then re-snapshot the captured tables",
+        )
+    if report.lagging:
+        for s in report.lagging:
+            click.echo(f"alert: slot {s.info.name} is {s.info.lag_bytes} bytes behind, above --max-lag-bytes {max_lag_bytes}", err=True)
+        click.echo("  fix: run the ingest job now, then more often or with a larger --max-changes / --max-seconds", err=True)
+        raise SystemExit(exitcodes.STATUS_ALERT)

@@ -1,0 +1,200 @@
+"""``pgpoll status`` as a library: how far each slot is behind, and whether to alert.
+
+Combines the server's view (:mod:`pgpoll.source.status`: position, lag in
+bytes, ``wal_status``, ``safe_wal_size``, active PID) with, given an output
+path, the commit log's (:mod:`pgpoll.sink.commit_log_reader`: high-water mark,
+newest captured commit time). Nothing here starts Spark, takes the run's lock
+or moves a slot.
+
+Lag in bytes is WAL written since the slot's confirmed position: what the
+next run still has to read (it counts WAL of every database of the server,
+and pgpoll's own heartbeat). Lag in time is the server's clock minus the
+commit time of the newest change in the output: how stale the output is. On a
+source with no writes it keeps growing while nothing is pending, so alert on
+bytes and read the time as freshness.
+
+The output's position against the slot's ``confirmed_flush_lsn``:
+
+``in_sync``
+    the slot is where the last committed batch left it.
+``slot_behind_output``
+    the server returned the slot to an older checkpointed position (after a
+    crash); harmless, the next run re-advances it.
+``slot_ahead_of_output``
+    the slot was moved past the output by something else (another consumer,
+    a manual advance, a recreated slot): the changes between are not in the
+    output.
+``no_commits``
+    the output has no commit-log record yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, Optional
+
+from pgpoll.errors import ConfigError
+from pgpoll.lsn import Lsn
+from pgpoll.sink.commit_log_reader import CommitLogSummary, summarize
+from pgpoll.source.connection import ConnectionTarget, connect
+from pgpoll.source.slots import SlotInfo
+from pgpoll.source.status import read_server_state
+
+LOST = "lost"
+LAG = "lag"
+UNRESERVED = "unreserved"
+SLOT_AHEAD = "slot_ahead_of_output"
+
+
+@dataclass(frozen=True)
+class SlotStatus:
+    """One slot's status; the output fields are set when an output path was given."""
+
+    info: SlotInfo
+    current_lsn: Lsn
+    checked_at: datetime
+    output: Optional[CommitLogSummary] = None
+    alerts: tuple[str, ...] = ()
+
+    @property
+    def lag_seconds(self) -> Optional[float]:
+        """Server time minus the commit time of the newest change in the output."""
+        if self.output is None or self.output.last_commit_ts is None:
+            return None
+        return round((self.checked_at - self.output.last_commit_ts).total_seconds(), 3)
+
+    @property
+    def position(self) -> Optional[str]:
+        """The output's high-water mark against the slot's confirmed position (see the module doc)."""
+        if self.output is None:
+            return None
+        hwm, confirmed = self.output.high_water_mark, self.info.confirmed_flush_lsn
+        if hwm is None:
+            return "no_commits"
+        if confirmed is None or confirmed < hwm:
+            return "slot_behind_output"
+        return "in_sync" if confirmed == hwm else SLOT_AHEAD
+
+    @property
+    def position_bytes(self) -> Optional[int]:
+        """``confirmed_flush_lsn - high_water_mark`` (negative: the slot is behind the output)."""
+        if self.output is None or self.output.high_water_mark is None or self.info.confirmed_flush_lsn is None:
+            return None
+        return int(self.info.confirmed_flush_lsn) - int(self.output.high_water_mark)
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict: the slot's fields, the lag, the output's position and the alerts."""
+        out: dict[str, Any] = {
+            "slot": self.info.name,
+            "plugin": self.info.plugin,
+            "database": self.info.database,
+            "active": self.info.active,
+            "active_pid": self.info.active_pid,
+            "wal_status": self.info.wal_status,
+            "safe_wal_size": self.info.safe_wal_size,
+            "restart_lsn": _text(self.info.restart_lsn),
+            "confirmed_flush_lsn": _text(self.info.confirmed_flush_lsn),
+            "current_lsn": str(self.current_lsn),
+            "lag_bytes": self.info.lag_bytes,
+            "lag_seconds": self.lag_seconds,
+            "checked_at": self.checked_at.isoformat(),
+            "alerts": list(self.alerts),
+        }
+        if self.output is not None:
+            out.update({
+                "output": self.output.output,
+                "output_records": self.output.records,
+                "output_rows": self.output.rows,
+                "high_water_mark": _text(self.output.high_water_mark),
+                "last_commit_ts": self.output.last_commit_ts.isoformat() if self.output.last_commit_ts else None,
+                "last_committed_at": self.output.last_committed_at.isoformat() if self.output.last_committed_at else None,
+                "position": self.position,
+                "position_bytes": self.position_bytes,
+            })
+        return out
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """The status of every slot looked at, and the threshold it was judged by."""
+
+    database: str
+    slots: tuple[SlotStatus, ...]
+    max_lag_bytes: Optional[int] = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def lost(self) -> tuple[SlotStatus, ...]:
+        """Slots that lost the WAL they need (``wal_status = lost``)."""
+        return tuple(s for s in self.slots if LOST in s.alerts)
+
+    @property
+    def lagging(self) -> tuple[SlotStatus, ...]:
+        """Slots whose lag in bytes is above ``max_lag_bytes``."""
+        return tuple(s for s in self.slots if LAG in s.alerts)
+
+
+def _text(lsn: Optional[Lsn]) -> Optional[str]:
+    return str(lsn) if lsn is not None else None
+
+
+def _alerts(info: SlotInfo, max_lag_bytes: Optional[int], position: Optional[str]) -> tuple[str, ...]:
+    found: list[str] = []
+    if info.wal_status == "lost":
+        found.append(LOST)
+    elif info.wal_status == "unreserved":
+        found.append(UNRESERVED)
+    if max_lag_bytes is not None and info.lag_bytes is not None and info.lag_bytes > max_lag_bytes:
+        found.append(LAG)
+    if position == SLOT_AHEAD:
+        found.append(SLOT_AHEAD)
+    return tuple(found)
+
+
+def _output_slot(output: CommitLogSummary, slot: Optional[str]) -> str:
+    """The slot whose output this is: ``slot`` when given, else the one the commit log names."""
+    if slot is not None:
+        return slot
+    if not output.slots:
+        raise ConfigError(
+            f"the output {output.output} has no commit-log record that names its slot",
+            "pass --slot NAME together with --output",
+        )
+    if len(output.slots) > 1:
+        raise ConfigError(
+            f"the output {output.output} was fed by several slots ({', '.join(output.slots)})",
+            "pass --slot NAME to say which one to compare it with",
+        )
+    return output.slots[0]
+
+
+def collect_status(
+    target: ConnectionTarget,
+    *,
+    slot: Optional[str] = None,
+    output: Optional[str] = None,
+    max_lag_bytes: Optional[int] = None,
+) -> StatusReport:
+    """The status of the database's logical slots, or of ``slot``, or of the slot feeding ``output``.
+
+    With ``output`` the report covers the slot that feeds it (``slot``, or the
+    one its commit log names) and compares the two positions. Raises
+    :class:`pgpoll.errors.SlotNotFoundError` for a named slot that does not
+    exist, :class:`pgpoll.errors.SinkError` when the output cannot be read.
+    """
+    log_summary = summarize(output) if output is not None else None
+    wanted = _output_slot(log_summary, slot) if log_summary is not None else slot
+    notes: list[str] = []
+    if log_summary is not None and slot is not None and log_summary.slots and slot not in log_summary.slots:
+        notes.append(f"the output's commit log names slot(s) {', '.join(log_summary.slots)}, not {slot}")
+    conn = connect(target, application_name="pgpoll status")
+    try:
+        state = read_server_state(conn, wanted)
+    finally:
+        conn.close()
+    statuses = []
+    for info in state.slots:
+        base = SlotStatus(info=info, current_lsn=state.current_lsn, checked_at=state.server_time, output=log_summary)
+        statuses.append(replace(base, alerts=_alerts(info, max_lag_bytes, base.position)))
+    return StatusReport(database=state.database, slots=tuple(statuses), max_lag_bytes=max_lag_bytes, notes=tuple(notes))

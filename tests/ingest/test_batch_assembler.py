@@ -1,0 +1,121 @@
+"""The ingest task's batch assembler: same records as the reference assembler, spilling, filtering."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pytest
+
+from pgpoll.changes import Begin, Column, Commit, LogicalMessage, Op, RowChange, Truncate
+from pgpoll.decode.assembler import TransactionAssembler
+from pgpoll.ingest.batch_assembler import HEARTBEAT_PREFIX, BatchAssembler
+
+TS = datetime(2026, 11, 22, 1, 2, 3, 456789, tzinfo=timezone.utc)
+COLS = (Column("id", "integer"), Column("v", "text"))
+
+
+def _row(i: int, table: str = "t", op: Op = Op.INSERT) -> RowChange:
+    after = {"id": str(i), "v": None if i % 3 == 0 else f"v{i}"}
+    before = {"id": str(i)} if op is not Op.INSERT else None
+    return RowChange(op, "public", table, COLS, before, None if op is Op.DELETE else after, lsn=1000 + i)
+
+
+def _txn(xid: int, rows: Iterable[Any], commit_lsn: int) -> list[Any]:
+    return [Begin(xid=xid, lsn=commit_lsn - 500), *rows, Commit(xid=xid, lsn=commit_lsn, commit_ts=TS)]
+
+
+def _run(events: list[Any], **kwargs: Any) -> tuple[list[dict[str, Any]], BatchAssembler]:
+    asm = BatchAssembler(high_water_mark=kwargs.pop("hwm", None), accepts=kwargs.pop("accepts", lambda s, t: True), **kwargs)
+    batches: list[pa.RecordBatch] = []
+    for event in events:
+        lsn = getattr(event, "lsn", None) or 0
+        if isinstance(event, Begin):
+            asm.begin(event.xid, event.commit_ts)
+            continue
+        if isinstance(event, Commit):
+            batches += asm.commit(event.lsn, event.xid, event.commit_ts)
+        elif isinstance(event, RowChange):
+            batches += asm.row_change(event, lsn)
+        elif isinstance(event, Truncate):
+            batches += asm.truncate(event, lsn)
+        elif isinstance(event, LogicalMessage):
+            batches += asm.message(event, lsn)
+    batches += asm.finish()
+    rows = pa.Table.from_batches(batches).to_pylist() if batches else []
+    return sorted(rows, key=lambda r: (r["commit_lsn"], r["seq"])), asm
+
+
+def _reference(events: list[Any]) -> list[dict[str, Any]]:
+    asm = TransactionAssembler()
+    out = []
+    for record in (r for e in events for r in asm.feed(e)):
+        if record.op is Op.MESSAGE and record.message_prefix == HEARTBEAT_PREFIX:
+            continue
+        out.append((record.commit_lsn, record.seq, record.op.value, record.table_name,
+                    record.before, record.after, record.message_content))
+    return out
+
+
+def _key(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [(r["commit_lsn"], r["seq"], r["op"], r["table_name"],
+             dict(r["before"]) if r["before"] is not None else None,
+             dict(r["after"]) if r["after"] is not None else None, r["message_content"]) for r in rows]
+
+
+@pytest.mark.parametrize("rows_per_batch", [1, 3, 7, 1000])
+def test_records_equal_the_reference_assembler_whatever_the_batch_size(rows_per_batch: int) -> None:
+    events = (
+        _txn(10, [_row(i) for i in range(20)], 5000)
+        + [LogicalMessage(False, "pfx", b"alone", lsn=5100)]
+        + _txn(11, [_row(1, op=Op.UPDATE), _row(2, op=Op.DELETE),
+                    Truncate((("public", "a"), ("public", "b")), lsn=5150),
+                    LogicalMessage(True, "m", b"in txn", lsn=5160)], 5200)
+        + _txn(12, [_row(i) for i in range(30, 45)], 6000)
+    )
+    rows, asm = _run(events, rows_per_batch=rows_per_batch)
+    assert _key(rows) == _reference(events)
+    assert asm.changes == len(rows) == 20 + 1 + 5 + 15
+    assert asm.advance_to == 6000 and asm.first_commit_lsn == 5000 and asm.last_commit_lsn == 6000
+    assert {r["commit_ts"] for r in rows if r["xid"] is not None} == {TS}
+    assert all(r["xid"] is None and r["commit_ts"] is None for r in rows if r["commit_lsn"] == 5100)
+
+
+def test_a_transaction_larger_than_a_batch_is_spilled_and_comes_back_whole() -> None:
+    events = _txn(7, [_row(i) for i in range(250)], 9000)
+    rows, asm = _run(events, rows_per_batch=16)
+    assert [r["seq"] for r in rows] == list(range(250))
+    assert {r["commit_lsn"] for r in rows} == {9000} and {r["xid"] for r in rows} == {7}
+    assert [r["after"][0][1] for r in rows] == [str(i) for i in range(250)]
+    assert len(asm.cols) <= 16
+
+
+def test_a_non_transactional_message_inside_a_spilled_transaction_keeps_both_intact() -> None:
+    events = [Begin(xid=3, lsn=1), *[_row(i) for i in range(10)],
+              LogicalMessage(False, "nt", b"x", lsn=1500), *[_row(i) for i in range(10, 20)],
+              Commit(xid=3, lsn=2000, commit_ts=TS)]
+    rows, _ = _run(events, rows_per_batch=4)
+    txn = [r for r in rows if r["commit_lsn"] == 2000]
+    assert [r["seq"] for r in txn] == list(range(20))
+    assert [r["message_content"] for r in rows if r["commit_lsn"] == 1500] == [b"x"]
+
+
+def test_transactions_at_or_below_the_high_water_mark_are_dropped_but_still_advance() -> None:
+    events = _txn(1, [_row(1)], 100) + _txn(2, [_row(2)], 200) + _txn(3, [_row(3)], 300)
+    rows, asm = _run(events, hwm=200, rows_per_batch=1)
+    assert [r["commit_lsn"] for r in rows] == [300]
+    assert asm.advance_to == 300
+
+
+def test_heartbeats_and_filtered_tables_write_nothing_but_move_the_advance_point() -> None:
+    events = (_txn(1, [LogicalMessage(True, HEARTBEAT_PREFIX, b"{}", lsn=50)], 100)
+              + _txn(2, [_row(1, table="skip")], 200))
+    rows, asm = _run(events, accepts=lambda s, t: t != "skip")
+    assert rows == [] and asm.changes == 0 and asm.advance_to == 200
+
+
+def test_an_unfinished_transaction_at_the_end_of_a_peek_is_not_written() -> None:
+    events = _txn(1, [_row(1)], 100) + [Begin(xid=2, lsn=150), _row(2)]
+    rows, asm = _run(events, rows_per_batch=1)
+    assert [r["commit_lsn"] for r in rows] == [100] and asm.advance_to == 100
