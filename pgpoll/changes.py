@@ -7,9 +7,11 @@ it. The transaction assembler (``pgpoll.decode.assembler``) groups events into
 committed transactions and emits one :class:`ChangeRecord` per change: the
 envelope written to Parquet.
 
-Values are PostgreSQL's text form of each value (what ``col::text`` prints
-under pgpoll's session settings); SQL NULL is ``None``. Everything is
-immutable.
+Values are PostgreSQL's text form of each value: what the type's output
+function prints under pgpoll's session settings (as psql shows it, and
+``col::text`` for nearly every type — ``inet``'s cast adds the netmask),
+with booleans as ``true``/``false`` from both plugins. SQL NULL is ``None``.
+Everything is immutable.
 """
 
 from __future__ import annotations
