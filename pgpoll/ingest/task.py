@@ -138,31 +138,28 @@ def iter_batch(spec: BatchSpec, outcome: BatchOutcome) -> Iterator[pa.RecordBatc
         rows = peek_rows(
             conn, spec.slot, spec.plugin, upto_nchanges=spec.upto_nchanges, options=list(spec.options), raw_text=True
         )
-        yielded = False
-        for lsn, xid, data in rows:
-            outcome.peeked_rows += 1
-            if outcome.peeked_rows == 1:
-                faults.crash_if("after-peek", spec.fault)
-            try:
-                fields = fast_row(data) if fast_row is not None else None
-                if fields is not None:
-                    out = asm.row_fields(fields, lsn)
-                else:
-                    out = _dispatch(asm, decode(data, lsn, xid), lsn)
-                for batch in out:
-                    yield batch
-                    if not yielded:
-                        yielded = True
-                        faults.crash_if("mid-write", spec.fault)
-            except DecodeError as exc:
-                outcome.error = exc
-                outcome.reject = _reject(lsn, xid, data, exc, outcome.peeked_rows)
-                return
-        outcome.open_transaction_at_end = asm.in_transaction
-        for batch in asm.finish():
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for lsn, xid, data in rows:
+                outcome.peeked_rows += 1
+                if outcome.peeked_rows == 1:
+                    faults.crash_if("after-peek", spec.fault)
+                try:
+                    fields = fast_row(data) if fast_row is not None else None
+                    if fields is not None:
+                        yield from asm.row_fields(fields, lsn)
+                    else:
+                        yield from _dispatch(asm, decode(data, lsn, xid), lsn)
+                except DecodeError as exc:
+                    outcome.error = exc
+                    outcome.reject = _reject(lsn, xid, data, exc, outcome.peeked_rows)
+                    return
+            outcome.open_transaction_at_end = asm.in_transaction
+            yield from asm.finish()
+
+        for number, batch in enumerate(batches()):
             yield batch
-            if not yielded:
-                yielded = True
+            if number == 0:
                 faults.crash_if("mid-write", spec.fault)
     except PgpollError as exc:
         outcome.error = exc
