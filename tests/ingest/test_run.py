@@ -176,3 +176,24 @@ def test_heavy_uncaptured_traffic_does_not_pin_wal(db: Any, tmp_path: Path, plug
     lag, moved_past_traffic = after_run
     assert moved_past_traffic > 0, "the slot did not move past the uncaptured traffic"
     assert lag < 1024, f"confirmed_flush is {lag} bytes behind the WAL end (more than one heartbeat)"
+
+
+def test_pyarrow_and_duckdb_read_the_output_as_a_partitioned_dataset(capture: Capture, spark: Any) -> None:
+    import duckdb
+    import pyarrow.dataset as ds
+
+    db = capture.db
+    db.execute("INSERT INTO items SELECT g, 'x' FROM generate_series(1, 25) g")
+    assert ingest(db.dsn, *capture.args("--batch-changes", "10")).exit_code == 0
+    changes = Path(capture.output) / "changes"
+    spark_rows = {(r["commit_lsn"], r["seq"], r["lsn_range"]) for r in read_output(spark, capture.output)}
+
+    table = ds.dataset(changes, format="parquet", partitioning="hive").to_table()
+    assert {(r["commit_lsn"], r["seq"], r["lsn_range"]) for r in table.to_pylist()} == spark_rows
+
+    con = duckdb.connect()
+    duck = con.execute(
+        "SELECT commit_lsn, seq, lsn_range FROM read_parquet(?, hive_partitioning = true)",
+        [str(changes / "*" / "*.parquet")],
+    ).fetchall()
+    assert set(duck) == spark_rows and len(duck) == 25
