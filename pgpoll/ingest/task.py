@@ -35,7 +35,7 @@ class TableFilter:
 
     def accepts(self, schema: Optional[str], table: Optional[str]) -> bool:
         """True when changes of ``schema.table`` belong in the output."""
-        if table is None:
+        if table is None or not (self.include or self.exclude):
             return True
         name = f"{schema}.{table}"
         if self.include and not any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(table, p) for p in self.include):
