@@ -7,12 +7,14 @@ PY := $(VENV)/bin/python
 PGPOLL_TEST_PG ?= 15,16,17,18
 export PGPOLL_TEST_PG
 
-.PHONY: help prereqs install test demo bench clean
+.PHONY: help prereqs install test demo bench dist airflow-venv clean
 
 help:
 	@echo "make demo   - set up .venv, start a throwaway PostgreSQL, fill a slot and show it"
 	@echo "make test   - set up .venv and run the whole test suite"
 	@echo "make bench  - run the benchmarks and print their figures"
+	@echo "make dist   - build dist/: the wheel, pgpoll.zip for spark-submit --py-files, and ingest.py"
+	@echo "make airflow-venv - Apache Airflow 3 and its Spark provider in .venv-airflow (apart from .venv), for the DAG test"
 	@echo "make clean  - remove .venv and build leftovers"
 
 prereqs:
@@ -43,6 +45,32 @@ demo: install
 bench: install
 	$(PY) -m pgpoll.testing.prereqs
 	$(PY) bench/run_all.py
+
+# What a Spark cluster needs: the wheel (pip install it where pgpoll should be installed), the same
+# wheel as dist/pgpoll.zip (spark-submit --py-files puts only .zip/.egg/.jar files on the executors'
+# sys.path; a pure-Python wheel is a zip with the package at its root) and the entry script.
+DIST ?= dist
+dist: $(VENV)/.installed
+	@mkdir -p $(DIST)
+	rm -rf build $(DIST)/pgpoll-*.whl $(DIST)/pgpoll.zip $(DIST)/ingest.py  # a stale build/ puts deleted modules in the wheel
+	$(PY) -m pip wheel -q --no-deps --wheel-dir $(DIST) .
+	cp $(DIST)/pgpoll-*-py3-none-any.whl $(DIST)/pgpoll.zip
+	cp jobs/ingest.py $(DIST)/ingest.py
+	@echo "built $(DIST)/: $$(cd $(DIST) && ls pgpoll-*.whl) pgpoll.zip ingest.py"
+
+# Airflow pins many packages, so it gets its own virtualenv. Airflow's constraint files are on GitHub;
+# where that is reachable, pass one: make airflow-venv AIRFLOW_CONSTRAINTS=https://.../constraints-3.11.txt
+AIRFLOW_VENV ?= .venv-airflow
+AIRFLOW_CONSTRAINTS ?=
+$(AIRFLOW_VENV)/.installed: | prereqs
+	$(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/python -m pip install -q --upgrade pip
+	$(AIRFLOW_VENV)/bin/python -m pip install -q $(if $(AIRFLOW_CONSTRAINTS),--constraint $(AIRFLOW_CONSTRAINTS)) \
+	  "apache-airflow>=3,<4" apache-airflow-providers-apache-spark
+	@touch $@
+
+airflow-venv: $(AIRFLOW_VENV)/.installed
+	@$(AIRFLOW_VENV)/bin/airflow version
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .demo

@@ -38,6 +38,8 @@ def command(slot: str, output: str, plugin: str, publications: tuple[str, ...], 
     Prints one JSON line (the run summary) on stdout; logs go to stderr.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # py4j logs its shutdown at INFO after the summary; under spark-submit stderr joins stdout
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     opts = IngestOptions(
         slot=slot, output=output, plugin=plugin, publications=publications, tables=tables,
         exclude_tables=exclude_tables, max_changes=max_changes, max_batches=max_batches,

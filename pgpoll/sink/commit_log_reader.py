@@ -16,13 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 from urllib.parse import urlparse
 
 from pgpoll.errors import SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CommitRecord
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class CommitLogSummary:
     slots: tuple[str, ...]
 
 
-def _filesystem(output: str) -> tuple[object, str]:
+def _filesystem(output: str) -> tuple["pafs.FileSystem", str]:
     """The pyarrow filesystem and the path of the commit-log directory under ``output``."""
     import pyarrow.fs as pafs  # imported here: only status and monitors need it
 
@@ -69,7 +72,6 @@ def read_records(output: str) -> list[CommitRecord]:
     import pyarrow.fs as pafs
 
     fs, directory = _filesystem(output)
-    assert isinstance(fs, pafs.FileSystem)
     try:
         infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
     except Exception as exc:

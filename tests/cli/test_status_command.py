@@ -242,3 +242,16 @@ def test_status_with_output_starts_no_spark(pg_capture: Capture, spark: Any) -> 
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["exit_code"] == 0 and json.loads(seen["stdout"])["position"] == "in_sync"
     assert seen["children"] == [] and seen["spark_context"] is False  # no JVM was started
+
+
+def test_an_output_that_cannot_be_read_without_spark_exits_5(db: Any, pgpoll: Any) -> None:
+    code, rows, stderr = status_json(pgpoll, db.dsn, "--output", "nosuchscheme://bucket/path", "--slot", "any_slot")
+    assert code == exitcodes.SINK == 5 and rows == []
+    assert "cannot open output 'nosuchscheme://bucket/path' without Spark" in stderr and "fix: use a local path" in stderr
+
+
+def test_a_login_role_without_replication_can_run_status(pg_capture: Capture, pgpoll: Any, make_role: Any) -> None:
+    monitor = make_role()  # LOGIN only: no REPLICATION, no table privileges
+    code, rows, stderr = status_json(pgpoll, monitor.dsn, "--slot", pg_capture.slot)
+    assert code == 0, stderr
+    assert rows[0]["slot"] == pg_capture.slot and rows[0]["wal_status"] == "reserved"

@@ -1,0 +1,202 @@
+"""``jobs/airflow/pgpoll_dag.py`` in a real Airflow 3: the DAG folder loads, and ``airflow dags test`` lands the changes.
+
+Opt-in: Airflow pins many packages, so it lives in its own virtualenv
+(``make airflow-venv`` builds ``.venv-airflow``; ``PGPOLL_AIRFLOW_VENV`` points
+elsewhere). Set ``PGPOLL_TEST_AIRFLOW=1`` to run these tests; with it set and
+no Airflow venv, they fail rather than skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pyarrow.dataset as pads
+import pytest
+
+from pgpoll.lsn import Lsn
+from tests.ingest.conftest import REPO, confirmed_lsn, make_capture
+from tests.jobs.standalone import SPARK_HOME, spark_env
+
+pytestmark = [
+    pytest.mark.airflow,
+    pytest.mark.skipif(
+        os.environ.get("PGPOLL_TEST_AIRFLOW") != "1",
+        reason="opt-in: run `make airflow-venv`, then set PGPOLL_TEST_AIRFLOW=1 (Airflow lives in its own venv)",
+    ),
+]
+
+AIRFLOW_VENV = Path(os.environ.get("PGPOLL_AIRFLOW_VENV", REPO / ".venv-airflow"))
+DAG_FOLDER = REPO / "jobs" / "airflow"
+LOCK_CLASS = 1885892720  # pgpoll.ingest.control.LOCK_CLASS: the run's advisory lock
+
+
+@pytest.fixture
+def airflow(tmp_path: Path) -> Any:
+    """``airflow(*args, env=...)`` from the Airflow venv, with a fresh AIRFLOW_HOME and SQLite database."""
+    binary = AIRFLOW_VENV / "bin" / "airflow"
+    assert binary.exists(), f"no Airflow at {binary}: run `make airflow-venv` (or set PGPOLL_AIRFLOW_VENV)"
+    home = tmp_path / "airflow"
+    bindir = tmp_path / "bin"  # spark-submit on PATH, as the provider requires
+    bindir.mkdir()
+    (bindir / "spark-submit").symlink_to(SPARK_HOME / "bin" / "spark-submit")
+    (tmp_path / "spark-conf").mkdir()
+    base = spark_env(
+        tmp_path / "spark-conf",
+        PATH=f"{bindir}:{os.environ['PATH']}",
+        PYSPARK_PYTHON=sys.executable,  # the driver's Python: pgpoll and its dependencies
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__DAGS_FOLDER=str(DAG_FOLDER),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
+        AIRFLOW_CONN_PGPOLL_SPARK=json.dumps({"conn_type": "spark", "host": "local[1]"}),
+    )
+    base.pop("VIRTUAL_ENV", None)
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(binary), *args], env={**base, **(env or {})}, cwd=tmp_path,
+            capture_output=True, text=True, timeout=timeout,
+        )
+
+    run.home = home  # type: ignore[attr-defined]
+    run.python = AIRFLOW_VENV / "bin" / "python"  # type: ignore[attr-defined]
+    run.env = base  # type: ignore[attr-defined]
+    migrated = run("db", "migrate")
+    assert migrated.returncode == 0, migrated.stderr[-3000:]
+    return run
+
+
+def test_the_dag_folder_loads_with_no_import_errors_and_the_schedule_from_the_variable(airflow: Any) -> None:
+    script = textwrap.dedent(
+        f"""
+        import json
+        from airflow.dag_processing.dagbag import DagBag
+        bag = DagBag(dag_folder={str(DAG_FOLDER)!r})
+        dag = bag.get_dag("pgpoll_ingest")
+        task = dag.get_task("ingest")
+        print(json.dumps({{
+            "import_errors": {{str(k): str(v) for k, v in bag.import_errors.items()}},
+            "dags": sorted(bag.dag_ids),
+            "schedule": str(dag.schedule),
+            "catchup": dag.catchup,
+            "max_active_runs": dag.max_active_runs,
+            "retries": task.retries,
+            "exponential": task.retry_exponential_backoff,
+            "operator": type(task).__mro__[1].__name__,
+            "tasks": sorted(dag.task_ids),
+        }}))
+        """
+    )
+    env = {**airflow.env, "AIRFLOW_VAR_PGPOLL_SCHEDULE": "7,37 * * * *"}
+    proc = subprocess.run([str(airflow.python), "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["import_errors"] == {}
+    assert seen["dags"] == ["pgpoll_ingest"] and seen["tasks"] == ["ingest"]
+    assert seen["schedule"] == "7,37 * * * *"  # from the Variable pgpoll_schedule
+    assert seen["catchup"] is False and seen["max_active_runs"] == 1
+    assert seen["retries"] == 4 and seen["exponential"] is True
+    assert seen["operator"] == "SparkSubmitOperator"
+
+    # the same through Airflow itself: its DAG processor parses the folder into the metadata
+    # database, with the schedule from a Variable stored there
+    assert airflow("variables", "set", "pgpoll_schedule", "1 2 * * *").returncode == 0
+    processed = airflow("dag-processor", "--num-runs", "1", timeout=300)
+    assert processed.returncode == 0, processed.stderr[-3000:]
+    errors = airflow("dags", "list-import-errors", "-o", "json")
+    assert errors.returncode == 0 and json.loads(errors.stdout.strip().splitlines()[-1]) == []
+    details = airflow("dags", "details", "pgpoll_ingest", "-o", "json")
+    [parsed] = json.loads(details.stdout.strip().splitlines()[-1])
+    assert parsed["timetable_summary"] == "1 2 * * *" and parsed["has_import_errors"] == "False"
+    assert parsed["max_active_runs"] == "1"
+
+
+def _task_instances(home: Path) -> list[tuple[str, str, int]]:
+    with sqlite3.connect(home / "airflow.db") as conn:
+        return conn.execute(
+            "SELECT run_id, state, try_number FROM task_instance WHERE dag_id = 'pgpoll_ingest' AND task_id = 'ingest' "
+            "ORDER BY run_id"
+        ).fetchall()
+
+
+def _xcom(home: Path, run_id: str, key: str) -> Any:
+    with sqlite3.connect(home / "airflow.db") as conn:
+        rows = conn.execute(
+            "SELECT value FROM xcom WHERE dag_id = 'pgpoll_ingest' AND task_id = 'ingest' AND run_id = ? AND key = ?",
+            (run_id, key),
+        ).fetchall()
+    assert len(rows) == 1, f"no XCom {key} for {run_id}"
+    value = rows[0][0]
+    return json.loads(value if isinstance(value, str) else bytes(value).decode())
+
+
+def test_airflow_dags_test_lands_the_changes_and_a_busy_slot_is_skipped(db: Any, tmp_path: Path, airflow: Any) -> None:
+    cap = make_capture(db, "pgoutput", tmp_path / "out")
+    db.execute("INSERT INTO items SELECT g, 'v' || g FROM generate_series(1, 200) g")
+    db.execute("DELETE FROM items WHERE id <= 5")
+    params = psycopg2.extensions.parse_dsn(db.dsn)
+    env = {
+        "AIRFLOW_CONN_PGPOLL_SOURCE": json.dumps({
+            "conn_type": "postgres", "host": params["host"], "port": int(params["port"]),
+            "login": params["user"], "password": params["password"], "schema": params["dbname"],
+        }),
+        "AIRFLOW_VAR_PGPOLL_INGEST": json.dumps({
+            "application": str(REPO / "jobs" / "ingest.py"), "slot": cap.slot, "output": cap.output,
+            "publication": "pub_items", "max_seconds": 300,
+        }),
+    }
+
+    first = airflow("dags", "test", "pgpoll_ingest", "2024-01-02T00:00:00+00:00", env=env)
+
+    assert first.returncode == 0, (first.stdout + first.stderr)[-5000:]
+    [(run_id, state, _tries)] = _task_instances(airflow.home)
+    assert state == "success"
+    summary = _xcom(airflow.home, run_id, "return_value")
+    assert summary["status"] == "ok" and summary["changes"] == 205 and summary["slot"] == cap.slot
+    table = pads.dataset(Path(cap.output) / "changes", format="parquet", partitioning="hive").to_table()
+    ops = table.column("op").to_pylist()
+    assert (ops.count("I"), ops.count("D")) == (200, 5)
+    assert Lsn.parse(confirmed_lsn(db, cap.slot)) == Lsn.parse(summary["last_lsn"])
+    assert params["password"] not in " ".join(json.dumps(summary).split())
+
+    # another run holds the slot's lock: pgpoll exits 3 and the task ends skipped, not failed or retried
+    holder = db.connect()
+    with holder.cursor() as cur:
+        cur.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (LOCK_CLASS, cap.slot))
+    db.execute("INSERT INTO items VALUES (1000, 'waits')")
+    second = airflow("dags", "test", "pgpoll_ingest", "2024-01-03T00:00:00+00:00", env=env)
+    holder.close()
+
+    assert second.returncode == 0, (second.stdout + second.stderr)[-5000:]
+    states = {r: (state, tries) for r, state, tries in _task_instances(airflow.home)}
+    busy_run = next(r for r in states if r != run_id)
+    assert states[busy_run] == ("skipped", 1)
+    assert _xcom(airflow.home, busy_run, "summary")["exit_code"] == 3
+    assert Lsn.parse(confirmed_lsn(db, cap.slot)) == Lsn.parse(summary["last_lsn"])  # nothing consumed
+
+
+def test_a_usage_error_fails_the_task_at_once_without_retries(db: Any, tmp_path: Path, airflow: Any) -> None:
+    params = psycopg2.extensions.parse_dsn(db.dsn)
+    env = {
+        "AIRFLOW_CONN_PGPOLL_SOURCE": json.dumps({
+            "conn_type": "postgres", "host": params["host"], "port": int(params["port"]),
+            "login": params["user"], "password": params["password"], "schema": params["dbname"],
+        }),
+        "AIRFLOW_VAR_PGPOLL_INGEST": json.dumps({
+            "application": str(REPO / "jobs" / "ingest.py"), "slot": "Not-A-Slot-Name", "output": str(tmp_path / "out"),
+        }),
+    }
+
+    run = airflow("dags", "test", "pgpoll_ingest", "2024-01-02T00:00:00+00:00", env=env)
+
+    [(run_id, state, tries)] = _task_instances(airflow.home)
+    assert (state, tries) == ("failed", 1), (run.stdout + run.stderr)[-5000:]  # exit 2: retries=4 is not used
+    assert _xcom(airflow.home, run_id, "summary")["exit_code"] == 2
