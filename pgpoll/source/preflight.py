@@ -117,6 +117,61 @@ def _run_checks(conn: Any, plugin: str | None, publication: str | None) -> list[
                       "" if exists else "create it: pgpoll publication create NAME --table schema.tbl",
                       None if exists else PublicationNotFoundError)
         )
+        if exists:
+            items.extend(_row_filter_identity_checks(conn, publication))
+    return items
+
+
+_FILTER_COLUMNS = """
+SELECT n.nspname, c.relname, c.relreplident, pr.prqual::text,
+       coalesce((SELECT array_agg(k) FROM pg_index i, unnest(i.indkey) k
+                 WHERE i.indrelid = c.oid
+                   AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))),
+                '{}'::int2[]),
+       (SELECT array_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a
+         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)::text[],
+       (SELECT array_agg(a.attnum ORDER BY a.attnum) FROM pg_attribute a
+         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)
+FROM pg_publication p
+JOIN pg_publication_rel pr ON pr.prpubid = p.oid
+JOIN pg_class c ON c.oid = pr.prrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE p.pubname = %s AND pr.prqual IS NOT NULL AND (p.pubupdate OR p.pubdelete)
+ORDER BY 1, 2
+"""
+
+
+def _row_filter_identity_checks(conn: Any, publication: str) -> list[CheckItem]:
+    """Warn where a row filter uses columns outside the replica identity while updates or deletes are published.
+
+    PostgreSQL then fails those UPDATEs and DELETEs on the source ("Column used
+    in the publication WHERE expression is not part of the replica identity").
+    The filter's columns are read from the stored expression tree (``:varattno``).
+    """
+    import re
+
+    items: list[CheckItem] = []
+    with conn.cursor() as cur:
+        cur.execute(_FILTER_COLUMNS, (publication,))
+        rows = cur.fetchall()
+    for schema, table, replident, qual, key_attnums, names, attnums in rows:
+        if replident == "f":
+            continue
+        used = {int(n) for n in re.findall(r":varattno (\d+)", qual or "")}
+        outside = sorted(used - set(key_attnums or []))
+        if not outside:
+            continue
+        by_num = dict(zip(attnums or [], names or []))
+        cols = ", ".join(by_num.get(n, str(n)) for n in outside)
+        items.append(
+            CheckItem(
+                f"row filter of {schema}.{table}",
+                WARN,
+                f"uses {cols}, outside the replica identity",
+                f"UPDATE/DELETE on {schema}.{table} will fail on the source: ALTER TABLE ... REPLICA IDENTITY FULL, "
+                "or filter on key columns only",
+            )
+        )
     return items
 
 
