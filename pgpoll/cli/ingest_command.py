@@ -9,6 +9,7 @@ import click
 
 from pgpoll.cli.main import report_error
 from pgpoll.cli.options import dsn_option
+from pgpoll.cli.progress import Progress
 from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
 
 
@@ -46,11 +47,15 @@ def command(slot: str, output: str, plugin: str, publications: tuple[str, ...], 
         max_seconds=max_seconds, batch_changes=batch_changes, dsn=dsn,
     )
     started = time.monotonic()
+    progress = Progress()
     try:
-        summary = run_ingest(opts)
+        summary = run_ingest(opts, on_batch=lambda s: progress.update(
+            f"{s.batches} batch(es), {s.changes:,} change(s), slot at {s.last_lsn}", force=True))
     except Exception as error:
+        progress.done()
         code = report_error(error)
         failed = RunSummary(slot=slot, status="error", exit_code=code, seconds=round(time.monotonic() - started, 3))
         click.echo(failed.to_json())
         raise SystemExit(code)
+    progress.done()
     click.echo(summary.to_json())

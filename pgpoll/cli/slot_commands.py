@@ -6,6 +6,7 @@ import click
 
 from pgpoll.cli.options import dsn_option, json_option, target
 from pgpoll.cli.output import echo_json, echo_table
+from pgpoll.cli.progress import Progress
 from pgpoll.errors import ConfigError, PublicationNotFoundError
 from pgpoll.lsn import Lsn
 from pgpoll.source import slots as slot_access
@@ -105,9 +106,11 @@ def peek(name: str, limit: int | None, publications: tuple[str, ...], as_json: b
             raise ConfigError("slot uses pgoutput, which needs a publication", "pass --publication NAME")
         options = slot_access.peek_options(plugin, publications=list(publications))
         rows = slot_access.peek_rows(conn, name, plugin, upto_nchanges=limit, options=options, raw_text=True)
+        progress = Progress()  # a terminal only: a large backlog takes the server a while
         for count, (lsn, xid, raw) in enumerate(rows):
             if limit is not None and count >= limit:
                 break
+            progress.update(f"{count:,} row(s) peeked, at {lsn}")
             data = bytes(raw)  # peek_rows gives a memoryview (pgoutput) or bytes (raw_text)
             text = _as_text(data) if plugin not in slot_access.BINARY_PLUGINS else None
             if as_json:
@@ -121,6 +124,7 @@ def peek(name: str, limit: int | None, publications: tuple[str, ...], as_json: b
                 click.echo(f"{lsn}\t{xid}\t{chr(data[0]) if data else ''} {data.hex()}")
             else:
                 click.echo(f"{lsn}\t{xid}\t{text}")
+        progress.done()
     finally:
         conn.close()
 

@@ -17,7 +17,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pgpoll.errors import (
     PgpollError,
@@ -174,11 +174,14 @@ def _first_line(exc: BaseException) -> str:
     return text[0][:300] if text else type(exc).__name__
 
 
-def run_ingest(opts: IngestOptions, spark: Any = None) -> RunSummary:
+def run_ingest(
+    opts: IngestOptions, spark: Any = None, on_batch: Optional[Callable[[RunSummary], None]] = None
+) -> RunSummary:
     """Drain the slot into the output within the limits; returns the run summary.
 
-    Raises a :class:`PgpollError` on failure; the slot is then where the last
-    committed batch left it.
+    ``on_batch`` is called with the summary so far after every committed
+    batch (the CLI shows progress with it). Raises a :class:`PgpollError` on
+    failure; the slot is then where the last committed batch left it.
     """
     started = time.monotonic()
     check_slot_name(opts.slot)
@@ -240,6 +243,9 @@ def run_ingest(opts: IngestOptions, spark: Any = None) -> RunSummary:
             summary.bytes += sum(s for n, _d, s in sink.fs.list(sink.fs.path("changes", record.partition)) if n.startswith("part-")) if record.partition else 0
             summary.first_lsn = summary.first_lsn or str(Lsn(start))
             summary.last_lsn = str(hwm)
+            log.info("batch %d committed: %d change(s), slot advanced to %s", summary.batches, outcome.changes, hwm)
+            if on_batch is not None:
+                on_batch(summary)
             if outcome.peeked_rows < limit:
                 break  # the peek returned everything there was
         summary.batch_seconds = round(time.monotonic() - batches_started, 3)
