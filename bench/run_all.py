@@ -20,6 +20,7 @@ def main() -> int:
     changes = os.environ.get("PGPOLL_BENCH_CHANGES", "1000000")
     runs = [
         [sys.executable, str(HERE / "bench_decode.py"), "--changes", changes],
+        [sys.executable, str(HERE / "bench_test_decoding.py"), "--lines", changes],
         [sys.executable, str(HERE / "bench_ingest.py"), "--changes", changes, "--plugin", "pgoutput"],
         [sys.executable, str(HERE / "bench_ingest.py"), "--changes", changes, "--plugin", "test_decoding", "--skip-memory"],
     ]

@@ -93,9 +93,8 @@ class BatchAssembler:
             self.cols.drop_unfilled()
             self._close_spill()
             return
-        if self.first_commit_lsn is None:
-            self.first_commit_lsn = lsn
-        self.last_commit_lsn = lsn
+        self.first_commit_lsn = lsn if self.first_commit_lsn is None else min(self.first_commit_lsn, lsn)
+        self.last_commit_lsn = lsn if self.last_commit_lsn is None else max(self.last_commit_lsn, lsn)
         self.last_commit_ts = commit_ts
         self.changes += rows
         if self._spill_writer is not None:
@@ -124,6 +123,9 @@ class BatchAssembler:
         self.cols.add_message(lsn, event.prefix, event.content, False)
         self.cols.fill_transaction(lsn, None, None, 0)
         self.changes += 1
+        # its commit_lsn is its own lsn: the batch's range must hold it too
+        self.first_commit_lsn = lsn if self.first_commit_lsn is None else min(self.first_commit_lsn, lsn)
+        self.last_commit_lsn = lsn if self.last_commit_lsn is None else max(self.last_commit_lsn, lsn)
         yield from self._flush_if_full()
 
     # ---- changes ----------------------------------------------------------------------

@@ -95,10 +95,11 @@ def test_a_non_transactional_message_inside_a_spilled_transaction_keeps_both_int
     events = [Begin(xid=3, lsn=1), *[_row(i) for i in range(10)],
               LogicalMessage(False, "nt", b"x", lsn=1500), *[_row(i) for i in range(10, 20)],
               Commit(xid=3, lsn=2000, commit_ts=TS)]
-    rows, _ = _run(events, rows_per_batch=4)
+    rows, asm = _run(events, rows_per_batch=4)
     txn = [r for r in rows if r["commit_lsn"] == 2000]
     assert [r["seq"] for r in txn] == list(range(20))
     assert [r["message_content"] for r in rows if r["commit_lsn"] == 1500] == [b"x"]
+    assert (asm.first_commit_lsn, asm.last_commit_lsn) == (1500, 2000)  # the batch's range holds the message
 
 
 def test_transactions_at_or_below_the_high_water_mark_are_dropped_but_still_advance() -> None:
