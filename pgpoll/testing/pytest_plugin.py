@@ -152,6 +152,30 @@ class TestDatabase:
         self._counter += 1
         return f"{prefix}_{self.name}_{self._counter}"[:63]
 
+    def lose_slot(self, slot: str) -> str:
+        """Invalidate ``slot`` for real: a 1MB ``max_slot_wal_keep_size``, WAL written and
+        switched past it, checkpoints; the setting is reset afterwards. Returns the
+        slot's final ``wal_status`` (``lost`` on success)."""
+        admin = self.connect()
+        with admin.cursor() as cur:
+            cur.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+            cur.execute("SELECT pg_reload_conf()")
+        status = ""
+        try:
+            for _ in range(6):
+                self.execute("CREATE TABLE IF NOT EXISTS pgpoll_filler (x text)")
+                self.execute("INSERT INTO pgpoll_filler SELECT repeat('y', 1000) FROM generate_series(1, 3000)")
+                self.execute("SELECT pg_switch_wal()")
+                self.execute("CHECKPOINT")
+                status = self.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,))[0][0]
+                if status == "lost":
+                    break
+        finally:
+            with admin.cursor() as cur:
+                cur.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+                cur.execute("SELECT pg_reload_conf()")
+        return status
+
     def require_plugin(self, plugin: str) -> None:
         """Skip the test when the server lacks ``plugin``."""
         if plugin not in self.plugins:

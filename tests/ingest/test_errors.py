@@ -88,26 +88,10 @@ def test_an_undecodable_row_exits_6_is_saved_and_nothing_is_visible(db: Any, tmp
 
 def test_an_invalidated_slot_exits_4_and_says_to_recreate_it(db: Any, tmp_path: Path) -> None:
     cap = make_capture(db, "test_decoding", tmp_path / "out")
-    admin = db.connect()
-    with admin.cursor() as cur:
-        cur.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
-        cur.execute("SELECT pg_reload_conf()")
-    try:
-        for _ in range(6):
-            db.execute("CREATE TABLE IF NOT EXISTS filler (x text)")
-            db.execute("INSERT INTO filler SELECT repeat('y', 1000) FROM generate_series(1, 3000)")
-            db.execute("SELECT pg_switch_wal()")
-            db.execute("CHECKPOINT")
-            status = db.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (cap.slot,))[0][0]
-            if status == "lost":
-                break
-        assert status == "lost", f"could not invalidate the slot (wal_status {status})"
-        result = ingest(db.dsn, *cap.args())
-        _assert_failed(result, 4, "wal_status = lost", "recreate the slot")
-    finally:
-        with admin.cursor() as cur:
-            cur.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
-            cur.execute("SELECT pg_reload_conf()")
+    status = db.lose_slot(cap.slot)
+    assert status == "lost", f"could not invalidate the slot (wal_status {status})"
+    result = ingest(db.dsn, *cap.args())
+    _assert_failed(result, 4, "wal_status = lost", "recreate the slot")
 
 
 def test_no_password_appears_in_any_output(db: Any, tmp_path: Path) -> None:
