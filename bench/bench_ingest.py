@@ -60,14 +60,14 @@ def _fill(conn: Any, rows: int, per_txn: int, start: int = 0) -> None:
         _sql(conn, "INSERT INTO bench SELECT g, g * 2, 'name-' || g, g * 1.5, now() FROM generate_series(%s, %s) g", (lo, hi))
 
 
-def measure_backlog(cluster: ThrowawayCluster, changes: int, plugin: str, work: Path) -> dict[str, Any]:
-    """Server decode, pg_recvlogical and pgpoll end to end on one backlog."""
+def measure_backlog(cluster: ThrowawayCluster, changes: int, plugin: str, work: Path, run: int = 0) -> dict[str, Any]:
+    """Server decode, pg_recvlogical and pgpoll end to end on one backlog (``run`` keeps slot names apart)."""
     dsn = cluster.dsn()
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     _sql(conn, "DROP TABLE IF EXISTS bench; CREATE TABLE bench (id bigint PRIMARY KEY, a bigint, b text, c numeric, d timestamptz)")
     _sql(conn, "DROP PUBLICATION IF EXISTS bench_pub; CREATE PUBLICATION bench_pub FOR TABLE bench")
-    tag = f"{plugin[:2]}{changes}"
+    tag = f"{plugin[:2]}{changes}r{run}"
     for name in (f"srv_{tag}", f"rcv_{tag}", f"pgp_{tag}", f"nil_{tag}"):
         _slot(conn, name, plugin)
     _sql(conn, "SELECT pg_drop_replication_slot(%s)", (f"nil_{tag}",))
@@ -95,6 +95,8 @@ def measure_backlog(cluster: ThrowawayCluster, changes: int, plugin: str, work: 
 
     empty_s, _ = _ingest(dsn, f"nil_{tag}", str(work / f"nil_{tag}"), plugin, changes * 3)
     full_s, summary = _ingest(dsn, f"pgp_{tag}", str(work / f"pgp_{tag}"), plugin, changes * 3)
+    for name in (f"srv_{tag}", f"rcv_{tag}", f"nil_{tag}", f"pgp_{tag}"):  # leave no slot pinning WAL for the next run
+        _sql(conn, "SELECT pg_drop_replication_slot(%s)", (name,))
     conn.close()
     net = full_s - empty_s
     return {

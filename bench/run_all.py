@@ -2,7 +2,9 @@
 
 Each benchmark starts its own throwaway PostgreSQL and prints its figures and
 ratios; nothing here asserts anything (tests assert correctness, benchmarks
-measure speed). ``PGPOLL_BENCH_CHANGES`` sets the backlog size (default 1M).
+measure speed). ``PGPOLL_BENCH_CHANGES`` sets the largest backlog (default 1M),
+``PGPOLL_BENCH_REPEAT`` the runs per measurement (default 3). The ingest
+report is saved as ``bench/results/report.md``.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ HERE = Path(__file__).resolve().parent
 def main() -> int:
     """Run the decode and ingest benchmarks one after the other."""
     changes = os.environ.get("PGPOLL_BENCH_CHANGES", "1000000")
+    repeat = os.environ.get("PGPOLL_BENCH_REPEAT", "3")
     runs = [
         [sys.executable, str(HERE / "bench_decode.py"), "--changes", changes],
         [sys.executable, str(HERE / "bench_test_decoding.py"), "--lines", changes],
-        [sys.executable, str(HERE / "bench_ingest.py"), "--changes", changes, "--plugin", "pgoutput"],
-        [sys.executable, str(HERE / "bench_ingest.py"), "--changes", changes, "--plugin", "test_decoding", "--skip-memory"],
+        [sys.executable, str(HERE / "report.py"), "--sizes", f"100000,{changes}", "--repeat", repeat],
     ]
     status = 0
     for cmd in runs:
