@@ -54,6 +54,12 @@ def _slot(conn: Any, name: str, plugin: str) -> None:
     _sql(conn, "SELECT 1 FROM pg_create_logical_replication_slot(%s, %s)", (name, plugin))
 
 
+def _fresh_table(conn: Any) -> None:
+    """The 5-column table ``bench`` and its publication, new and empty."""
+    _sql(conn, "DROP TABLE IF EXISTS bench; CREATE TABLE bench (id bigint PRIMARY KEY, a bigint, b text, c numeric, d timestamptz)")
+    _sql(conn, "DROP PUBLICATION IF EXISTS bench_pub; CREATE PUBLICATION bench_pub FOR TABLE bench")
+
+
 def _fill(conn: Any, rows: int, per_txn: int, start: int = 0) -> None:
     for lo in range(start, start + rows, per_txn):
         hi = min(lo + per_txn, start + rows) - 1
@@ -65,8 +71,7 @@ def measure_backlog(cluster: ThrowawayCluster, changes: int, plugin: str, work: 
     dsn = cluster.dsn()
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
-    _sql(conn, "DROP TABLE IF EXISTS bench; CREATE TABLE bench (id bigint PRIMARY KEY, a bigint, b text, c numeric, d timestamptz)")
-    _sql(conn, "DROP PUBLICATION IF EXISTS bench_pub; CREATE PUBLICATION bench_pub FOR TABLE bench")
+    _fresh_table(conn)
     tag = f"{plugin[:2]}{changes}r{run}"
     for name in (f"srv_{tag}", f"rcv_{tag}", f"pgp_{tag}", f"nil_{tag}"):
         _slot(conn, name, plugin)
@@ -111,8 +116,7 @@ def measure_memory(cluster: ThrowawayCluster, rows: int, plugin: str, work: Path
     dsn = cluster.dsn()
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
-    _sql(conn, "DROP TABLE IF EXISTS bench; CREATE TABLE bench (id bigint PRIMARY KEY, a bigint, b text, c numeric, d timestamptz)")
-    _sql(conn, "DROP PUBLICATION IF EXISTS bench_pub; CREATE PUBLICATION bench_pub FOR TABLE bench")
+    _fresh_table(conn)
     slot = f"mem_{plugin[:2]}_{rows}"
     _slot(conn, slot, plugin)
     _fill(conn, rows, rows)

@@ -173,9 +173,9 @@ class RelationInfo:
 #: caller) of values in ``relation.names`` order, or ``None``.
 #: A value is ``str``, ``None`` (SQL NULL) or :data:`UNCHANGED_TOAST`. For a
 #: ``'K'`` old tuple (``before_is_key``) only ``relation.key_indexes`` are
-#: meaningful; the others are ``None`` as sent. Values are the wire text: a
-#: boolean is ``t``/``f`` here; :meth:`PgoutputDecoder.decode` prints it as
-#: ``true``/``false``, like ``bool::text`` and test_decoding.
+#: meaningful; the others are ``None`` as sent. Values are the wire text,
+#: except booleans: ``true``/``false`` like ``bool::text`` and test_decoding
+#: (boolout's ``t``/``f`` is rewritten).
 RowFields = tuple[ch.Op, RelationInfo, Optional[int], Optional[list[Value]], bool, Optional[list[Value]]]
 
 _INSERT, _UPDATE, _DELETE = ch.Op.INSERT, ch.Op.UPDATE, ch.Op.DELETE
@@ -310,7 +310,18 @@ class PgoutputDecoder:
 
         Messages for which this returns ``None`` must go through
         :meth:`decode` (they update the relation cache and stream state).
+        Booleans come out as ``true``/``false`` (see :class:`RelationInfo`).
         """
+        row = self._wire_row(data)
+        if row is not None and row[1].bool_indexes:
+            for values in (row[3], row[5]):
+                if values is not None:
+                    for i in row[1].bool_indexes:
+                        values[i] = _BOOL_TEXT.get(values[i], values[i])  # type: ignore[arg-type]
+        return row
+
+    def _wire_row(self, data: Buffer) -> Optional[RowFields]:
+        """:meth:`decode_row` with every value as sent."""
         if type(data) is not bytes:  # one copy beats slicing a memoryview per column
             data = data.tobytes() if type(data) is memoryview else bytes(data)  # tobytes: 2x faster
         first = data[0] if data else 0
@@ -403,11 +414,6 @@ class PgoutputDecoder:
     def _row_event(self, row: RowFields, lsn: Optional[int]) -> ch.RowChange:
         op, rel, xid, before, is_key, after = row
         names = rel.names
-        if rel.bool_indexes:
-            for values in (before, after):
-                if values is not None:
-                    for i in rel.bool_indexes:
-                        values[i] = _BOOL_TEXT.get(values[i], values[i])  # type: ignore[arg-type]
         unchanged: tuple[str, ...] = ()
         after_map: Optional[dict[str, Optional[str]]] = None
         if after is not None:

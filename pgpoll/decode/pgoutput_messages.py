@@ -395,6 +395,13 @@ class StreamAbort:
         return cls(xid, subxid, None, None)
 
 
+def _two_phase_fields(r: Reader, lsn_name: str) -> tuple[int, int, datetime, int, str]:
+    """Int64 LSN, Int64 end LSN, Int64 timestamp, Int32 xid, String gid: the common tail of
+    Begin Prepare, Prepare, Stream Prepare and Commit Prepared (read in that order)."""
+    lsn, end, ts = r.read_uint64(lsn_name), r.read_uint64("end LSN"), r.read_timestamp()
+    return lsn, end, ts, r.read_uint32("xid"), r.read_string("gid")
+
+
 @dataclass(frozen=True, slots=True)
 class BeginPrepare:
     """Begin Prepare ``'b'`` (protocol 3+): Int64 prepare LSN, Int64 end LSN, Int64 prepare timestamp, Int32 xid, String gid."""
@@ -407,7 +414,7 @@ class BeginPrepare:
 
     @classmethod
     def read(cls, r: Reader, in_stream: bool) -> BeginPrepare:
-        return cls(r.read_uint64("prepare LSN"), r.read_uint64("end LSN"), r.read_timestamp(), r.read_uint32("xid"), r.read_string("gid"))
+        return cls(*_two_phase_fields(r, "prepare LSN"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,8 +430,7 @@ class Prepare:
 
     @classmethod
     def read(cls, r: Reader, in_stream: bool) -> Prepare:
-        flags, lsn, end, ts = _flags0(r), r.read_uint64("prepare LSN"), r.read_uint64("end LSN"), r.read_timestamp()
-        return cls(flags, lsn, end, ts, r.read_uint32("xid"), r.read_string("gid"))
+        return cls(_flags0(r), *_two_phase_fields(r, "prepare LSN"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,8 +446,7 @@ class StreamPrepare:
 
     @classmethod
     def read(cls, r: Reader, in_stream: bool) -> StreamPrepare:
-        flags, lsn, end, ts = _flags0(r), r.read_uint64("prepare LSN"), r.read_uint64("end LSN"), r.read_timestamp()
-        return cls(flags, lsn, end, ts, r.read_uint32("xid"), r.read_string("gid"))
+        return cls(_flags0(r), *_two_phase_fields(r, "prepare LSN"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,8 +462,7 @@ class CommitPrepared:
 
     @classmethod
     def read(cls, r: Reader, in_stream: bool) -> CommitPrepared:
-        flags, lsn, end, ts = _flags0(r), r.read_uint64("commit LSN"), r.read_uint64("end LSN"), r.read_timestamp()
-        return cls(flags, lsn, end, ts, r.read_uint32("xid"), r.read_string("gid"))
+        return cls(_flags0(r), *_two_phase_fields(r, "commit LSN"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,6 +175,7 @@ class TupleParser:
         if template is not None:
             m = template.regex.match(line, pos)
             if m is not None:
+                # the value rules of _convert, inlined: this is the per-line hot path
                 values: Values = {}
                 toast: list[str] = []
                 for name, raw in zip(template.names, m.groups()):

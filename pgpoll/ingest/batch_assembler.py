@@ -139,12 +139,6 @@ class BatchAssembler:
         if not ok:
             return
         names = rel.names
-        if rel.bool_indexes:
-            for values in (before, after):
-                if values is not None:
-                    for i in rel.bool_indexes:
-                        v = values[i]
-                        values[i] = "true" if v == "t" else "false" if v == "f" else v
         before_keys: Any = None
         before_values: Any = ()
         if before is not None:

@@ -56,6 +56,17 @@ class CommitRecord:
         data: dict[str, Any] = json.loads(text)
         return cls(**data)
 
+    @classmethod
+    def parse(cls, text: str, where: str) -> "CommitRecord":
+        """Parse the record read from ``where``; :class:`SinkError` with the fix when it is unreadable."""
+        try:
+            return cls.from_json(text)
+        except (ValueError, TypeError) as exc:
+            raise SinkError(
+                f"commit-log record {where} is unreadable: {exc}",
+                "restore it from backup, or remove it and the partition it names, then rerun",
+            ) from None
+
 
 class CommitLog:
     """The commit-log records of one output path."""
@@ -70,13 +81,8 @@ class CommitLog:
         for name, is_dir, _size in self.fs.list(self.dir):
             if is_dir or not name.endswith(".json") or name.startswith("_"):
                 continue
-            try:
-                out.append(CommitRecord.from_json(self.fs.read_text(f"{self.dir}/{name}")))
-            except (ValueError, TypeError) as exc:
-                raise SinkError(
-                    f"commit-log record {self.dir}/{name} is unreadable: {exc}",
-                    "restore it from backup, or remove it and the partition it names, then rerun",
-                ) from None
+            where = f"{self.dir}/{name}"
+            out.append(CommitRecord.parse(self.fs.read_text(where), where))
         return sorted(out, key=lambda r: r.end_lsn)
 
     def high_water_mark(self) -> Optional[Lsn]:

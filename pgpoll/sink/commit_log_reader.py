@@ -87,13 +87,7 @@ def read_records(output: str) -> list[CommitRecord]:
             continue  # replaced between listing and reading (a run is writing)
         except Exception as exc:
             raise SinkError(f"cannot read {info.path}: {_first_line(exc)}", "check that the output is readable") from None
-        try:
-            records.append(CommitRecord.from_json(text))
-        except (ValueError, TypeError) as exc:
-            raise SinkError(
-                f"commit-log record {info.path} is unreadable: {exc}",
-                "restore it from backup, or remove it and the partition it names, then rerun",
-            ) from None
+        records.append(CommitRecord.parse(text, info.path))
     return sorted(records, key=lambda r: r.end_lsn)
 
 

@@ -197,3 +197,12 @@ def test_pyarrow_and_duckdb_read_the_output_as_a_partitioned_dataset(capture: Ca
         [str(changes / "*" / "*.parquet")],
     ).fetchall()
     assert set(duck) == spark_rows and len(duck) == 25
+
+
+def test_booleans_land_as_true_and_false_from_both_plugins(capture: Capture, spark: Any) -> None:
+    db = capture.db
+    db.execute("ALTER TABLE items ADD COLUMN ok boolean")
+    db.execute("INSERT INTO items VALUES (1, 'a', true), (2, 'b', false), (3, 'c', NULL)")
+    assert ingest(db.dsn, *capture.args()).exit_code == 0
+    rows = read_output(spark, capture.output)
+    assert [dict(r["after"])["ok"] for r in rows] == ["true", "false", None]
