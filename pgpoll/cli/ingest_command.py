@@ -30,10 +30,15 @@ def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> 
 @click.option("--max-seconds", type=click.FloatRange(min=0), default=None, help="Start no new batch after this many seconds.")
 @click.option("--batch-changes", type=click.IntRange(min=1), default=200_000, show_default=True,
               help="Peek at most about this many rows per batch (upto_nchanges; one transaction more at most).")
+@click.option("--typed-tables", is_flag=True, default=False, envvar="PGPOLL_TYPED_TABLES",
+              help="Also write each table's typed changes under OUTPUT/tables/<schema>.<table>/ (same commit).")
+@click.option("--row-filter", "row_filters", multiple=True, metavar="'SCHEMA.TABLE: (EXPR)'",
+              help="test_decoding only: keep the changes a publication row filter would (repeatable; ORed per table).")
 @dsn_option
 def command(slot: str, output: str, plugin: str, publications: tuple[str, ...], tables: tuple[str, ...],
             exclude_tables: tuple[str, ...], max_changes: int | None, max_batches: int | None,
-            max_seconds: float | None, batch_changes: int, dsn: str | None) -> None:
+            max_seconds: float | None, batch_changes: int, typed_tables: bool, row_filters: tuple[str, ...],
+            dsn: str | None) -> None:
     """Drain SLOT into Parquet under OUTPUT, advancing the slot only after each batch is committed.
 
     Prints one JSON line (the run summary) on stdout; logs go to stderr.
@@ -44,7 +49,8 @@ def command(slot: str, output: str, plugin: str, publications: tuple[str, ...], 
     opts = IngestOptions(
         slot=slot, output=output, plugin=plugin, publications=publications, tables=tables,
         exclude_tables=exclude_tables, max_changes=max_changes, max_batches=max_batches,
-        max_seconds=max_seconds, batch_changes=batch_changes, dsn=dsn,
+        max_seconds=max_seconds, batch_changes=batch_changes, typed_tables=typed_tables, row_filters=row_filters,
+        dsn=dsn,
     )
     started = time.monotonic()
     progress = Progress()

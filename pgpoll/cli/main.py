@@ -60,10 +60,19 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from pgpoll.cli import check_command, decode_command, ingest_command, publication_commands, slot_commands, status_command
+    from pgpoll.cli import (
+        check_command,
+        decode_command,
+        ingest_command,
+        materialize_command,
+        publication_commands,
+        slot_commands,
+        status_command,
+    )
 
     cli.add_command(check_command.check)
     cli.add_command(ingest_command.command)
+    cli.add_command(materialize_command.command)
     cli.add_command(decode_command.command)
     cli.add_command(slot_commands.slot)
     cli.add_command(publication_commands.publication)

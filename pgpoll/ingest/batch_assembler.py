@@ -25,6 +25,7 @@ import pyarrow as pa
 from pgpoll.changes import LogicalMessage, Op, RowChange, Truncate
 from pgpoll.decode.pgoutput import UNCHANGED_TOAST, RowFields
 from pgpoll.sink.envelope import ENVELOPE_SCHEMA, ChangeColumns, with_transaction
+from pgpoll.typed.schemas import CatalogTable, TableSchema, schema_from_columns, schema_from_relation
 
 HEARTBEAT_PREFIX = "pgpoll.heartbeat"
 _LETTER = {op: op.value for op in Op}  # a dict lookup is cheaper than Enum.value
@@ -49,8 +50,19 @@ class BatchAssembler:
         high_water_mark: Optional[int],
         accepts: Callable[[Optional[str], Optional[str]], bool],
         rows_per_batch: int = 65536,
+        type_names: Optional[dict[int, tuple[str, str]]] = None,
+        catalog: Optional[Callable[[str, str], Optional[CatalogTable]]] = None,
+        row_filters: Optional[Any] = None,
     ) -> None:
         self.hwm = high_water_mark
+        self.type_names = type_names if type_names is not None else {}
+        self.catalog = catalog
+        self.row_filters = row_filters  # pgpoll.rowfilter.evaluate.TableFilters (test_decoding --row-filter)
+        self._catalog_cache: dict[tuple[str, str], Optional[CatalogTable]] = {}
+        self._relation_schema: dict[Any, str] = {}  # RelationInfo -> schema id (keyed by the object itself)
+        self._row_schema: dict[tuple[Any, ...], str] = {}
+        #: every table schema a written row refers to, by id
+        self.schemas: dict[str, TableSchema] = {}
         self.accepts = accepts
         self.rows_per_batch = rows_per_batch
         self.cols = ChangeColumns()
@@ -138,6 +150,11 @@ class BatchAssembler:
             ok = self._accepted[rel.relation_id] = self.accepts(rel.schema, rel.table)
         if not ok:
             return
+        sid = self._relation_schema.get(rel)
+        if sid is None:
+            described = schema_from_relation(rel, self.type_names)
+            self.schemas[described.schema_id] = described
+            sid = self._relation_schema[rel] = described.schema_id
         names = rel.names
         before_keys: Any = None
         before_values: Any = ()
@@ -160,7 +177,9 @@ class BatchAssembler:
                 after_keys, after_values = [n for n, _ in kept], [v for _, v in kept]
             else:
                 after_keys, after_values = names, after
-        self.cols.add_row(lsn, _LETTER[op], rel.schema, rel.table, before_keys, before_values, after_keys, after_values, toast)
+        self.cols.add_row(
+            lsn, _LETTER[op], rel.schema, rel.table, before_keys, before_values, after_keys, after_values, toast, sid
+        )
         if len(self.cols) >= self.rows_per_batch:
             yield from self._flush_if_full()
 
@@ -168,14 +187,47 @@ class BatchAssembler:
         """An INSERT/UPDATE/DELETE event (test_decoding, or pgoutput's slow path)."""
         if not self.accepts(event.schema, event.table):
             return
-        before, after = event.before, event.after
+        letter, before, after = _LETTER[event.op], event.before, event.after
+        toast = list(event.unchanged_toast)
+        if self.row_filters is not None and self.row_filters.applies_to(event.schema, event.table):
+            types = {c.name: c.type_name or "text" for c in event.columns}
+            kept = self.row_filters.transform(letter, event.schema, event.table, before, after, types, ())
+            if kept is None:
+                return  # the filter leaves this change out, as a publication's row filter would
+            letter, before, after = kept
+            toast = [n for n in toast if after is None or n not in after]
         self.cols.add_row(
-            lsn, _LETTER[event.op], event.schema, event.table,
+            lsn, letter, event.schema, event.table,
             None if before is None else list(before.keys()), () if before is None else list(before.values()),
             None if after is None else list(after.keys()), () if after is None else list(after.values()),
-            list(event.unchanged_toast),
+            toast, self._schema_of(event),
         )
         yield from self._flush_if_full()
+
+    def _schema_of(self, event: RowChange) -> str:
+        """The schema id of a test_decoding row (columns and types from the line, identity from the catalog)."""
+        partial = event.op is Op.DELETE
+        shape = (event.schema, event.table, partial, tuple((c.name, c.type_name) for c in event.columns))
+        sid = self._row_schema.get(shape)
+        if sid is not None:
+            return sid
+        if partial:  # a DELETE shows only the old key: use a full shape of this batch that agrees with it
+            for known in self.schemas.values():
+                if (known.schema, known.table) == (event.schema, event.table) and not known.partial and all(
+                    known.column(col.name) is not None for col in event.columns
+                ):
+                    self._row_schema[shape] = known.schema_id
+                    return known.schema_id
+        where = (event.schema, event.table)
+        if where not in self._catalog_cache:
+            self._catalog_cache[where] = self.catalog(*where) if self.catalog is not None else None
+        described = schema_from_columns(
+            event.schema, event.table, [(c.name, c.type_name) for c in event.columns], self._catalog_cache[where],
+            partial=partial,
+        )
+        self.schemas[described.schema_id] = described
+        self._row_schema[shape] = described.schema_id
+        return described.schema_id
 
     def truncate(self, event: Truncate, lsn: int) -> Iterator[pa.RecordBatch]:
         """A TRUNCATE: one row per table."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from pgpoll.errors import (
+    ConfigError,
     PgpollError,
     PublicationNotFoundError,
     SinkError,
@@ -32,6 +33,7 @@ from pgpoll.ingest.task import BatchOutcome, BatchSpec, TableFilter, spark_task
 from pgpoll.lsn import Lsn
 from pgpoll.sink.batches import BatchSink
 from pgpoll.sink.envelope import SPARK_DDL
+from pgpoll.sink.typed_tables import SchemaStore, stage_typed_tables
 from pgpoll.source import slots as slot_access
 from pgpoll.source.connection import resolve_dsn
 from pgpoll.source.names import check_identifier, check_slot_name
@@ -54,6 +56,8 @@ class IngestOptions:
     max_batches: Optional[int] = None
     max_seconds: Optional[float] = None
     batch_changes: int = 200_000
+    typed_tables: bool = False
+    row_filters: tuple[str, ...] = ()
     dsn: Optional[str] = None
 
 
@@ -115,6 +119,17 @@ def _preflight(control: ControlConnection, opts: IngestOptions) -> tuple[str, sl
             f'slot "{opts.slot}" decodes prepared transactions (two_phase)',
             "create the slot without --two-phase for pgpoll ingest",
         )
+    if opts.row_filters:
+        if plugin != "test_decoding":
+            raise ConfigError(
+                "--row-filter is for test_decoding slots; with pgoutput the server applies publication row filters",
+                "put the filter on the publication: pgpoll publication create NAME --table 'schema.tbl WHERE (expr)'",
+            )
+        from pgpoll.rowfilter.expression import parse_row_filter
+        from pgpoll.source.row_filter_check import check_row_filters
+
+        filters = [parse_row_filter(spec) for spec in opts.row_filters]
+        control.call(lambda c: check_row_filters(c, filters))
     if plugin == "pgoutput":
         if not opts.publications:
             raise PublicationNotFoundError("pgoutput needs a publication", "pass --publication NAME")
@@ -185,6 +200,11 @@ def run_ingest(
     """
     started = time.monotonic()
     check_slot_name(opts.slot)
+    if opts.row_filters:  # a malformed filter is a usage error: refuse it before connecting
+        from pgpoll.rowfilter.expression import parse_row_filter
+
+        for spec in opts.row_filters:
+            parse_row_filter(spec)
     summary = RunSummary(slot=opts.slot)
     target = resolve_dsn(opts.dsn)
     fault = faults.configured()
@@ -203,6 +223,7 @@ def run_ingest(
             "adopted": list(report.adopted),
             "removed_partitions": list(report.removed_partitions),
         }
+        schema_store = SchemaStore(sink.fs)
         hwm = report.high_water_mark  # each batch first re-advances the slot to it (it may be behind after a crash)
         control.emit_heartbeat(uuid.uuid4().hex)
         options = tuple(slot_access.peek_options(plugin, publications=list(opts.publications)))
@@ -222,16 +243,19 @@ def run_ingest(
             spec = BatchSpec(
                 dsn=target.dsn, slot=opts.slot, plugin=plugin, options=options, upto_nchanges=limit,
                 high_water_mark=int(hwm) if hwm is not None else None, table_filter=table_filter, fault=fault,
+                row_filters=tuple(opts.row_filters),
             )
             staging, outcome = _run_batch(spark, sink, spec, control)
             if outcome.advance_to is None or (hwm is not None and outcome.advance_to <= hwm):
                 sink.discard(staging)
                 break  # caught up: nothing new
+            schemas = schema_store.save(outcome.schemas)
+            typed = stage_typed_tables(spark, sink.fs, staging, schemas) if opts.typed_tables and outcome.changes else {}
             faults.crash_if("after-write", fault)
             start = outcome.first_commit_lsn if outcome.first_commit_lsn is not None else outcome.advance_to
             record = sink.publish(
                 staging, start=start, end=outcome.advance_to, rows=outcome.changes, slot=opts.slot, plugin=plugin,
-                last_commit_ts=outcome.last_commit_ts,
+                last_commit_ts=outcome.last_commit_ts, tables=typed,
             )
             faults.crash_if("after-commit-log", fault)
             control.advance(Lsn(outcome.advance_to))

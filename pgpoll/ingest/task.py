@@ -57,6 +57,7 @@ class BatchSpec:
     proto_version: int = 1
     rows_per_arrow_batch: int = 65536
     fault: Optional[str] = None
+    row_filters: tuple[str, ...] = ()  # --row-filter specs (test_decoding), parsed again on the executor
 
     def __repr__(self) -> str:  # never show the DSN (it may carry a password)
         return f"BatchSpec(slot={self.slot!r}, plugin={self.plugin!r}, upto_nchanges={self.upto_nchanges})"
@@ -75,6 +76,7 @@ class BatchOutcome:
     open_transaction_at_end: bool = False
     error: Optional[PgpollError] = None
     reject: Optional[dict[str, Any]] = None
+    schemas: dict[str, str] = field(default_factory=dict)  # schema id -> TableSchema JSON
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -89,6 +91,7 @@ def make_decoder(plugin: str, proto_version: int) -> Callable[[Any, Optional[Lsn
             return pg.decode(data, lsn)
 
         decode_binary.fast_row = pg.decode_row  # type: ignore[attr-defined]
+        decode_binary.type_names = pg.types  # type: ignore[attr-defined]
         return decode_binary
     from pgpoll.decode.test_decoding import TestDecodingDecoder
 
@@ -128,12 +131,23 @@ def iter_batch(spec: BatchSpec, outcome: BatchOutcome) -> Iterator[pa.RecordBatc
     from pgpoll.source.connection import ConnectionTarget, connect
     from pgpoll.source.slots import peek_rows
 
+    from pgpoll.source.catalog import catalog_table
+
     conn = None
-    asm = BatchAssembler(high_water_mark=spec.high_water_mark, accepts=spec.table_filter.accepts,
-                         rows_per_batch=spec.rows_per_arrow_batch)
+    decode = make_decoder(spec.plugin, spec.proto_version)
+    row_filters = None
+    if spec.row_filters:
+        from pgpoll.rowfilter.evaluate import TableFilters
+        from pgpoll.rowfilter.expression import parse_row_filter
+
+        row_filters = TableFilters([parse_row_filter(s) for s in spec.row_filters])
+    asm = BatchAssembler(
+        high_water_mark=spec.high_water_mark, accepts=spec.table_filter.accepts,
+        rows_per_batch=spec.rows_per_arrow_batch, type_names=getattr(decode, "type_names", None),
+        catalog=lambda schema, table: catalog_table(conn, schema, table), row_filters=row_filters,
+    )
     try:
         conn = connect(ConnectionTarget(spec.dsn, "task"), application_name=f"pgpoll ingest {spec.slot}")
-        decode = make_decoder(spec.plugin, spec.proto_version)
         fast_row = getattr(decode, "fast_row", None)
         rows = peek_rows(
             conn, spec.slot, spec.plugin, upto_nchanges=spec.upto_nchanges, options=list(spec.options), raw_text=True
@@ -171,6 +185,7 @@ def iter_batch(spec: BatchSpec, outcome: BatchOutcome) -> Iterator[pa.RecordBatc
         outcome.first_commit_lsn = asm.first_commit_lsn
         outcome.last_commit_lsn = asm.last_commit_lsn
         outcome.last_commit_ts = asm.last_commit_ts.isoformat() if asm.last_commit_ts else None
+        outcome.schemas = {sid: described.to_json() for sid, described in asm.schemas.items()}
         if conn is not None:
             try:
                 conn.close()

@@ -4,7 +4,9 @@ A batch is written by Spark into ``_pgpoll/staging/<id>/`` (readers never
 look there), then published in three steps: a manifest listing its files is
 written into the staged directory; the directory is renamed to
 ``changes/lsn_range=<start>-<end>``; the commit-log record is written. Only
-then does the caller advance the slot.
+then does the caller advance the slot. With typed tables, each table's
+staged directory is renamed to ``tables/<table>/lsn_range=<start>-<end>``
+first, and the envelope's manifest lists their files too.
 
 Recovery at the start of every run is deterministic:
 
@@ -15,6 +17,7 @@ Recovery at the start of every run is deterministic:
   exists with the listed size — the crash came between rename and record;
   otherwise it is removed (a rename cut short on a store without atomic
   rename). Either way the slot still holds its changes, so nothing is lost.
+  A typed-table partition whose batch has no record after that is removed.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CommitLog, CommitRecord
 from pgpoll.sink.filesystem import OutputFilesystem
+from pgpoll.sink.typed_tables import tables_staging
 
 
 @dataclass(frozen=True)
@@ -62,16 +66,19 @@ class BatchSink:
     def discard(self, staging: str) -> None:
         """Remove a staged batch that will not be published."""
         self.fs.delete(staging)
+        self.fs.delete(tables_staging(staging))
 
     def _data_files(self, directory: str) -> list[tuple[str, int]]:
         return [(n, size) for n, is_dir, size in self.fs.list(directory) if not is_dir and n.startswith("part-")]
 
     def publish(
-        self, staging: str, *, start: int, end: int, rows: int, slot: str, plugin: str, last_commit_ts: Optional[str] = None
+        self, staging: str, *, start: int, end: int, rows: int, slot: str, plugin: str, last_commit_ts: Optional[str] = None,
+        tables: Optional[dict[str, list[tuple[str, int]]]] = None,
     ) -> CommitRecord:
-        """Move a staged batch into ``changes/`` and write its commit-log record."""
+        """Move a staged batch (and its typed tables) into place and write its commit-log record."""
         partition: Optional[str] = None
         files: list[str] = []
+        tables = tables or {}
         if rows > 0:
             data = self._data_files(staging)
             files = [n for n, _ in data]
@@ -82,14 +89,24 @@ class BatchSink:
                     f"partition {partition} already exists but has no commit-log record",
                     "rerun: recovery at start adopts or removes it",
                 )
-            manifest = {"files": {n: size for n, size in data}, "rows": rows, "start": str(Lsn(start)), "end": str(Lsn(end))}
+            for name in sorted(tables):
+                typed_target = self.fs.path(layout.TABLES, name, partition)
+                if self.fs.exists(typed_target):  # left by an attempt that never got its record
+                    self.fs.delete(typed_target)
+                self.fs.mkdirs(self.fs.path(layout.TABLES, name))
+                self.fs.rename(f"{tables_staging(staging)}/{name}", typed_target)
+            manifest = {
+                "files": {n: size for n, size in data}, "rows": rows, "start": str(Lsn(start)), "end": str(Lsn(end)),
+                "tables": {name: {n: size for n, size in listed} for name, listed in tables.items()},
+            }
             self.fs.write_text(f"{staging}/{layout.MANIFEST}", json.dumps(manifest, sort_keys=True))
             self.fs.rename(staging, target)
         else:
             self.fs.delete(staging)
+        self.fs.delete(tables_staging(staging))
         record = CommitRecord(
             start=str(Lsn(start)), end=str(Lsn(end)), rows=rows, files=files, partition=partition, slot=slot,
-            plugin=plugin, last_commit_ts=last_commit_ts,
+            plugin=plugin, last_commit_ts=last_commit_ts, tables=sorted(tables) if partition else [],
         )
         self.log.append(record)
         return record
@@ -110,18 +127,32 @@ class BatchSink:
             present = dict(self._data_files(directory))
             if manifest is not None and manifest.get("files") and all(
                 present.get(f) == size for f, size in manifest["files"].items()
-            ):
+            ) and self._typed_complete(name, manifest.get("tables", {})):
                 self.log.append(
                     CommitRecord(
                         start=str(bounds[0]), end=str(bounds[1]), rows=int(manifest.get("rows", 0)),
                         files=sorted(manifest["files"]), partition=name, slot=slot, plugin=plugin, adopted=True,
+                        tables=sorted(manifest.get("tables", {})),
                     )
                 )
                 adopted.append(name)
             else:
                 self.fs.delete(directory)
                 removed.append(name)
+        for table, is_dir, _size in self.fs.list(self.fs.path(layout.TABLES)):
+            for name, part_is_dir, _s in self.fs.list(self.fs.path(layout.TABLES, table)) if is_dir else ():
+                bounds = layout.parse_partition_name(name) if part_is_dir else None
+                if bounds is not None and not self.log.has(bounds[1]):
+                    self.fs.delete(self.fs.path(layout.TABLES, table, name))
+                    removed.append(f"{layout.TABLES}/{table}/{name}")
         return RecoveryReport(self.log.high_water_mark(), len(staged), tuple(adopted), tuple(removed))
+
+    def _typed_complete(self, partition: str, tables: dict[str, dict[str, int]]) -> bool:
+        for table, files in tables.items():
+            present = dict(self._data_files(self.fs.path(layout.TABLES, table, partition)))
+            if any(present.get(f) != size for f, size in files.items()):
+                return False
+        return True
 
     def _read_manifest(self, directory: str) -> Optional[dict[str, Any]]:
         path = f"{directory}/{layout.MANIFEST}"

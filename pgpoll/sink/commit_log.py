@@ -27,7 +27,8 @@ class CommitRecord:
     accounts for (``end`` is where the slot is advanced to); ``partition`` is
     the directory under ``changes/`` (None when the batch wrote no rows, e.g.
     only a heartbeat or filtered transactions); ``last_commit_ts`` is the
-    commit time of the newest change written (ISO 8601, UTC), for lag in time.
+    commit time of the newest change written (ISO 8601, UTC), for lag in time;
+    ``tables`` the typed tables (``tables/<dir>/<partition>``) the batch wrote.
     """
 
     start: str
@@ -40,6 +41,7 @@ class CommitRecord:
     committed_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
     adopted: bool = False
     last_commit_ts: Optional[str] = None
+    tables: list[str] = field(default_factory=list)
 
     @property
     def end_lsn(self) -> Lsn:

@@ -4,7 +4,9 @@ Columns, exactly (the README's output contract): ``commit_lsn`` bigint,
 ``lsn`` bigint, ``seq`` int, ``xid`` bigint, ``commit_ts`` timestamp (UTC),
 ``op`` string, ``schema_name``, ``table_name`` string, ``before``, ``after``
 map<string,string>, ``unchanged_toast`` array<string>, ``message_prefix``
-string, ``message_content`` binary, ``transactional`` boolean. The
+string, ``message_content`` binary, ``transactional`` boolean, ``schema_id`` string
+(the table's shape when the change was made: ``_pgpoll/schemas/<id>.json``,
+see :mod:`pgpoll.typed.schemas`; null for messages). The
 ``lsn_range`` partition column comes from the directory name.
 
 :class:`ChangeColumns` collects changes straight into Python lists, one per
@@ -40,13 +42,15 @@ ENVELOPE_SCHEMA = pa.schema(
         pa.field("message_prefix", pa.string()),
         pa.field("message_content", pa.binary()),
         pa.field("transactional", pa.bool_()),
+        pa.field("schema_id", pa.string()),
     ]
 )
 
 SPARK_DDL = (
     "commit_lsn bigint, lsn bigint, seq int, xid bigint, commit_ts timestamp, op string, "
     "schema_name string, table_name string, before map<string,string>, after map<string,string>, "
-    "unchanged_toast array<string>, message_prefix string, message_content binary, transactional boolean"
+    "unchanged_toast array<string>, message_prefix string, message_content binary, transactional boolean, "
+    "schema_id string"
 )
 
 _NO_TOAST: list[str] = []
@@ -116,6 +120,7 @@ class ChangeColumns:
         self.message_prefix: list[Optional[str]] = []
         self.message_content: list[Optional[bytes]] = []
         self.transactional: list[Optional[bool]] = []
+        self.schema_id: list[Optional[str]] = []
 
     def __len__(self) -> int:
         return len(self.op)
@@ -131,6 +136,7 @@ class ChangeColumns:
         after_keys: Optional[Sequence[str]],
         after_values: Sequence[Optional[str]],
         unchanged_toast: list[str] = _NO_TOAST,
+        schema_id: Optional[str] = None,
     ) -> None:
         """One INSERT/UPDATE/DELETE/TRUNCATE row (transaction columns filled later)."""
         self.lsn.append(lsn)
@@ -143,6 +149,7 @@ class ChangeColumns:
         self.message_prefix.append(None)
         self.message_content.append(None)
         self.transactional.append(None)
+        self.schema_id.append(schema_id)
 
     def add_message(self, lsn: Optional[int], prefix: str, content: bytes, transactional: bool) -> None:
         """One logical message row (op ``M``)."""
@@ -156,6 +163,7 @@ class ChangeColumns:
         self.message_prefix.append(prefix)
         self.message_content.append(content)
         self.transactional.append(transactional)
+        self.schema_id.append(None)
 
     def fill_transaction(self, commit_lsn: Optional[int], xid: Optional[int], commit_ts: Optional[int], first_seq: int) -> None:
         """Set the transaction columns of every row added since they were last filled."""
@@ -175,7 +183,7 @@ class ChangeColumns:
         """Forget the rows of the open transaction."""
         keep = len(self.seq)
         for column in (self.lsn, self.op, self.schema_name, self.table_name, self.unchanged_toast,
-                       self.message_prefix, self.message_content, self.transactional):
+                       self.message_prefix, self.message_content, self.transactional, self.schema_id):
             del column[keep:]
         self.before.truncate(keep)
         self.after.truncate(keep)
@@ -203,6 +211,7 @@ class ChangeColumns:
             pa.array(self.message_prefix[start:stop], pa.string()),
             pa.array(self.message_content[start:stop], pa.binary()),
             pa.array(self.transactional[start:stop], pa.bool_()),
+            pa.array(self.schema_id[start:stop], pa.string()),
         ]
         return pa.RecordBatch.from_arrays(arrays, schema=ENVELOPE_SCHEMA)
 

@@ -5,7 +5,15 @@ committed batch; ``start`` and ``end`` are the smallest and largest
 ``commit_lsn`` in it, as 16-digit zero-padded upper-case hex, so the names
 sort in LSN order. ``PATH/_pgpoll/`` holds pgpoll's own files (readers skip
 names that start with ``_``): ``commits/`` (the commit log), ``staging/``
-(batches being written), ``rejects/`` (rows that could not be decoded).
+(batches being written), ``rejects/`` (rows that could not be decoded),
+``schemas/`` (table shapes by id), ``tables/`` (each typed table's column
+ledger).
+
+With ``--typed-tables``, ``PATH/tables/<schema>.<table>/lsn_range=.../`` holds
+each table's typed changes of the same batch. In ``<schema>.<table>`` each
+part keeps letters, digits, ``_`` and ``-`` and writes any other character
+as ``%XX`` (its UTF-8 bytes), so a name with dots, slashes or glob
+characters maps to one safe directory and back.
 """
 
 from __future__ import annotations
@@ -16,7 +24,11 @@ from typing import Optional
 from pgpoll.lsn import Lsn
 
 CHANGES = "changes"
+TABLES = "tables"
+STATE = "state"
 META = "_pgpoll"
+SCHEMAS = f"{META}/schemas"
+LEDGERS = f"{META}/tables"
 COMMITS = f"{META}/commits"
 STAGING = f"{META}/staging"
 REJECTS = f"{META}/rejects"
@@ -41,3 +53,28 @@ def parse_partition_name(name: str) -> Optional[tuple[Lsn, Lsn]]:
 def commit_record_name(end: int) -> str:
     """The commit-log file name of the batch that ends at ``end``."""
     return f"{Lsn(end).padded()}.json"
+
+
+def _escape(part: str) -> str:
+    out: list[str] = []
+    for ch in part:
+        if ch.isascii() and (ch.isalnum() or ch in "_-"):
+            out.append(ch)
+        else:
+            out.extend(f"%{b:02X}" for b in ch.encode("utf-8"))
+    return "".join(out)
+
+
+def table_dir_name(schema: str, table: str) -> str:
+    """``<schema>.<table>`` with each part escaped (see the module docstring)."""
+    return f"{_escape(schema)}.{_escape(table)}"
+
+
+def parse_table_dir_name(name: str) -> Optional[tuple[str, str]]:
+    """``(schema, table)`` of a directory made by :func:`table_dir_name`, or None."""
+    from urllib.parse import unquote
+
+    if name.startswith(("_", ".")) or name.count(".") != 1:
+        return None
+    schema, table = name.split(".")
+    return unquote(schema, errors="strict"), unquote(table, errors="strict")

@@ -1,0 +1,1 @@
+"""The current state of every captured table, from the typed changes ingest wrote (``pgpoll materialize``)."""

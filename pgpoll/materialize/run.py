@@ -1,0 +1,200 @@
+"""One materialize run on the driver: which tables, from where, incremental or full, and writing the state.
+
+For each typed table under ``PATH/tables/`` (only batches the commit log
+lists), the state is written to ``DEST/<schema>.<table>/`` (default
+``PATH/state/``) with ``_pgpoll_state.json`` beside the data recording the
+commit-log position it reflects. The next run starts from that state and
+applies only newer batches; ``--full`` (or a missing or unreadable state)
+rebuilds from every batch, which gives the same result.
+
+The new state is written beside the old one (``DEST/_tmp-...``) and then
+swapped in, so readers see the old or the new state; a crash in the swap
+leaves no state, and the next run rebuilds it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from pgpoll.errors import SinkError
+from pgpoll.ingest.task import TableFilter
+from pgpoll.lsn import Lsn
+from pgpoll.materialize.state import StateColumn, materialize
+from pgpoll.sink import layout
+from pgpoll.sink.commit_log import CommitLog, CommitRecord
+from pgpoll.sink.filesystem import OutputFilesystem
+from pgpoll.sink.typed_tables import SchemaStore, load_ledger
+from pgpoll.typed.mapping import spark_ddl
+from pgpoll.typed.rows import quote
+from pgpoll.typed.schemas import IDENTITY_FULL, TableSchema
+
+log = logging.getLogger("pgpoll.materialize")
+STATE_FILE = "_pgpoll_state.json"
+
+
+@dataclass(frozen=True)
+class MaterializeOptions:
+    """The options of ``pgpoll materialize`` and ``jobs/materialize.py``."""
+
+    output: str
+    tables: tuple[str, ...] = ()
+    exclude_tables: tuple[str, ...] = ()
+    to: Optional[str] = None
+    full: bool = False
+
+
+@dataclass
+class TableState:
+    """What a run did for one table (printed by the CLI)."""
+
+    table: str
+    path: str
+    rows: int
+    position: Optional[str]
+    mode: str  # full, incremental or unchanged
+    batches: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        """One line of JSON."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def _state_columns(described: TableSchema, ledger: Any) -> list[StateColumn]:
+    out: list[StateColumn] = []
+    for c in described.columns:
+        ddl = spark_ddl(c.type)
+        current = [e.physical for e in ledger.entries if e.name == c.name and e.ddl == ddl]
+        others = [e.physical for e in ledger.entries if e.name == c.name and e.ddl != ddl]
+        out.append(StateColumn(c.name, c.type, tuple(current + others)))
+    return out
+
+
+def _latest_schema(events: Any, store: SchemaStore) -> Optional[TableSchema]:
+    from pyspark.sql import functions as F
+
+    rows = (
+        events.where(F.col("_schema_id").isNotNull())
+        .groupBy("_schema_id").agg(F.max(F.struct("_commit_lsn", "_seq")).alias("m"))
+        .collect()
+    )
+    shapes = [(tuple(r["m"]), store.load(r["_schema_id"])) for r in rows]
+    full = [s for s in shapes if not s[1].partial] or shapes
+    return max(full, key=lambda s: s[0])[1] if full else None
+
+
+def _align(previous: Any, columns: list[StateColumn]) -> Any:
+    from pyspark.sql import functions as F
+
+    have = set(previous.columns)
+    picked = [
+        (F.col(quote(c.name)).cast(spark_ddl(c.type)) if c.name in have else F.lit(None).cast(spark_ddl(c.type))).alias(c.name)
+        for c in columns
+    ]
+    return previous.select(*picked, "_untyped", "_commit_lsn", "_commit_ts")
+
+
+class Materializer:
+    """Materializes the typed tables of one output path."""
+
+    def __init__(self, spark: Any, opts: MaterializeOptions) -> None:
+        self.spark = spark
+        self.opts = opts
+        self.fs = OutputFilesystem(spark, opts.output)
+        dest = opts.to or self.fs.path(layout.STATE)
+        self.dest = OutputFilesystem(spark, dest)
+        self.store = SchemaStore(self.fs)
+        self.filter = TableFilter(opts.tables, opts.exclude_tables)
+
+    def run(self) -> list[TableState]:
+        """Materialize every selected table; returns what was done for each."""
+        if not self.fs.exists(self.fs.path(layout.COMMITS)):
+            raise SinkError(f"{self.opts.output} holds no pgpoll output (no commit log)",
+                            "run pgpoll ingest --typed-tables --output PATH first, or check the path")
+        records = CommitLog(self.fs).records()
+        names = sorted({t for r in records for t in r.tables})
+        if not names:
+            raise SinkError(f"{self.opts.output} has no typed tables",
+                            "ingest with --typed-tables (changes written before that are in changes/ only)")
+        for name, is_dir, _ in self.dest.list(self.dest.path("")):
+            if is_dir and name.startswith("_tmp-"):
+                self.dest.delete(self.dest.path(name))
+        out: list[TableState] = []
+        for name in names:
+            parsed = layout.parse_table_dir_name(name)
+            if parsed is None or not self.filter.accepts(*parsed):
+                continue
+            out.append(self._table(name, parsed, [r for r in records if name in r.tables]))
+        return out
+
+    def _read_marker(self, name: str) -> Optional[dict[str, Any]]:
+        path = self.dest.path(name, STATE_FILE)
+        if self.opts.full or not self.dest.exists(path):
+            return None
+        try:
+            marker = json.loads(self.dest.read_text(path))
+            Lsn.parse(marker["position"])
+            return marker if isinstance(marker, dict) else None
+        except (ValueError, KeyError, TypeError):
+            log.warning("state of %s is unreadable; rebuilding it", name)
+            return None
+
+    def _table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
+        qualified = f"{parsed[0]}.{parsed[1]}"
+        target = self.dest.path(name)
+        marker = self._read_marker(name)
+        position = Lsn.parse(marker["position"]) if marker else None
+        todo = [r for r in records if position is None or r.end_lsn > position]
+        if marker and not todo:
+            return TableState(qualified, target, int(marker.get("rows", 0)), marker["position"], "unchanged")
+        events = (
+            self.spark.read.option("mergeSchema", "true").parquet(*[self.fs.path(layout.TABLES, name, r.partition) for r in todo])
+            if todo else None
+        )
+        described = _latest_schema(events, self.store) if events is not None else None
+        if described is None and marker is not None:
+            described = self.store.load(marker["schema_id"])
+        if described is None:
+            raise SinkError(f"no column description found for {qualified}", "rerun pgpoll materialize --full")
+        warnings: list[str] = []
+        key = list(described.key)
+        if described.identity == IDENTITY_FULL or not key:
+            key = []
+        if not described.key:
+            warnings.append(
+                f"{qualified} has no replica identity key: its UPDATEs and DELETEs cannot be matched to rows; "
+                f"fix: ALTER TABLE {qualified} ADD PRIMARY KEY (...) or REPLICA IDENTITY FULL, then re-snapshot"
+            )
+        ledger = load_ledger(self.fs, *parsed)
+        columns = _state_columns(described, ledger)
+        previous = _align(self.spark.read.parquet(target), columns) if marker else None
+        result = materialize(events, previous, columns, key)
+        if result.unresolved_toast:
+            warnings.append(
+                f"{qualified}: {result.unresolved_toast} row(s) keep an unchanged TOAST value that predates the captured "
+                "history (left null); fix: re-snapshot the table"
+            )
+        for w in warnings:
+            log.warning("%s", w)
+        scratch = self.dest.path(f"_tmp-{name}-{uuid.uuid4().hex[:8]}")
+        result.frame.write.parquet(scratch)
+        rows = self.spark.read.parquet(scratch).count()
+        end = (todo[-1] if todo else records[-1]).end if records else marker["position"]  # type: ignore[index]
+        new_marker = {"position": end, "rows": rows, "schema_id": described.schema_id, "table": qualified}
+        self.dest.write_text(f"{scratch}/{STATE_FILE}", json.dumps(new_marker, sort_keys=True))
+        self.dest.delete(target)
+        self.dest.rename(scratch, target)
+        return TableState(qualified, target, rows, end, "incremental" if marker else "full", len(todo), warnings)
+
+
+def run_materialize(opts: MaterializeOptions, spark: Any = None) -> list[TableState]:
+    """Materialize the typed tables of ``opts.output``; see :class:`Materializer`."""
+    if spark is None:
+        from pgpoll.ingest.run import _spark_session
+
+        spark = _spark_session()
+    return Materializer(spark, opts).run()

@@ -1,0 +1,254 @@
+"""The current state of one table from its typed changes, computed with Spark DataFrames.
+
+Keyed tables (a replica-identity key that is not every column): each change
+becomes *facts* about keys — INSERT and UPDATE put the new row at the new
+key, DELETE and an UPDATE that changes the key mark the old key gone — and a
+key's state is its last fact in ``(commit_lsn, seq)`` order, kept when it is
+a row. The previous state enters as facts older than every change.
+
+Unchanged TOAST values (UPDATEs that did not send a large value) are
+carried forward: the value is the last known one of the same row, found with
+a window over the key; when the row moved to a new key in that UPDATE, from
+the old key's last value — repeated until nothing more can be resolved (one
+round unless rows with unchanged large values change key). A value that is
+not known anywhere (it predates the captured history) is left null and
+counted.
+
+Tables whose identity is every column (REPLICA IDENTITY FULL without a
+smaller key, or no usable key) are multisets: each row's count is the
+previous count plus INSERTs minus DELETEs (an UPDATE is both), so identical
+rows are kept as many times as the source holds them.
+
+A TRUNCATE empties the table as of its position: the previous state and
+every earlier change are dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from pgpoll.typed.mapping import PgType, spark_ddl
+from pgpoll.typed.rows import quote
+
+
+@dataclass(frozen=True)
+class StateColumn:
+    """One column of the state: its name there, its type, and every physical column it was ever stored in."""
+
+    name: str
+    type: PgType
+    physical: tuple[str, ...]  # the current physical name first
+
+
+@dataclass
+class StateResult:
+    """The new state and what could not be resolved."""
+
+    frame: Any
+    unresolved_toast: int = 0
+
+
+def _value(frame_columns: set[str], column: StateColumn, prefix: str = "") -> Any:
+    """The column's value in the latest type, from whichever physical column holds it."""
+    from pyspark.sql import functions as F
+
+    ddl = spark_ddl(column.type)
+    parts = []
+    for i, phys in enumerate(column.physical):
+        if (prefix + phys) not in frame_columns:
+            continue
+        ref = F.col(prefix + quote(phys)) if not prefix else F.col(f"{prefix[:-1]}.{quote(phys)}")
+        parts.append(ref if i == 0 else ref.cast(ddl))
+    if not parts:
+        return F.lit(None).cast(ddl)
+    return parts[0] if len(parts) == 1 else F.coalesce(*parts)
+
+
+def _frame_columns(frame: Any) -> set[str]:
+    names = set(frame.columns)
+    if "_before" in names:
+        names |= {f"_before.{f.name}" for f in frame.schema["_before"].dataType.fields}
+    return names
+
+
+def materialize(
+    events: Optional[Any], previous: Optional[Any], columns: Sequence[StateColumn], key: Sequence[str]
+) -> StateResult:
+    """The new state from ``previous`` (a state frame, or None) and ``events`` (typed changes, or None).
+
+    ``key`` names the identity columns; empty (REPLICA IDENTITY FULL, or
+    no key) means the table is treated as a multiset.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql import Window
+
+    names = [c.name for c in columns]
+    multiset = not key
+    if events is not None:
+        last_truncate = events.where(F.col("_op") == "T").agg(F.max(F.struct("_commit_lsn", "_seq"))).first()[0]
+        if last_truncate is not None:
+            previous = None
+            lsn, seq = last_truncate
+            events = events.where((F.col("_commit_lsn") > lsn) | ((F.col("_commit_lsn") == lsn) & (F.col("_seq") > seq)))
+        events = events.where(F.col("_op").isin("I", "U", "D"))
+    if events is None:
+        if previous is None:
+            raise ValueError("nothing to materialize")
+        return StateResult(previous)
+    have = _frame_columns(events)
+    untyped_main = F.map_filter("_untyped", lambda k, v: ~k.startswith("_before."))
+    row = [_value(have, c).alias(c.name) for c in columns]
+    old = [_value(have, c, "_before.").alias(c.name) for c in columns]
+    old_untyped = F.map_from_entries(
+        F.transform(
+            F.filter(F.map_entries(F.coalesce("_untyped", F.create_map().cast("map<string,string>"))),
+                     lambda e: e["key"].startswith("_before.")),
+            lambda e: F.struct(F.substring(e["key"], 9, 1 << 20).alias("key"), e["value"].alias("value")),
+        )
+    )
+    if multiset:
+        return StateResult(_multiset(events, previous, columns, row, old, untyped_main, old_untyped))
+    return _keyed(events, previous, columns, list(key), row, old, untyped_main, have)
+
+
+def _sortable(untyped: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return F.array_sort(F.map_entries(F.coalesce(untyped, F.create_map().cast("map<string,string>"))))
+
+
+def _multiset(events: Any, previous: Optional[Any], columns: Sequence[StateColumn], row: list, old: list,
+              untyped_main: Any, old_untyped: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    names = [c.name for c in columns]
+    # an UPDATE's unchanged TOAST values are the old row's (FULL identity sends the whole old row)
+    new_values = [
+        F.when(F.array_contains(F.coalesce("_unchanged_toast", F.array().cast("array<string>")), c.name), o).otherwise(r)
+        .alias(c.name)
+        for c, r, o in zip(columns, row, old)
+    ]
+    plus = events.where(F.col("_op").isin("I", "U")).select(
+        *new_values, _sortable(untyped_main).alias("_u"), F.lit(1).alias("_n"), "_commit_lsn", "_commit_ts")
+    minus_updates = events.where((F.col("_op") == "U") & F.col("_before").isNotNull()).select(
+        *old, _sortable(old_untyped).alias("_u"), F.lit(-1).alias("_n"), "_commit_lsn", "_commit_ts")
+    minus_deletes = events.where(F.col("_op") == "D").select(
+        *row, _sortable(untyped_main).alias("_u"), F.lit(-1).alias("_n"), "_commit_lsn", "_commit_ts")
+    facts = plus.unionByName(minus_updates).unionByName(minus_deletes)
+    if previous is not None:
+        facts = facts.unionByName(previous.select(
+            *[F.col(quote(n)) for n in names], _sortable(F.col("_untyped")).alias("_u"), F.lit(1).alias("_n"),
+            "_commit_lsn", "_commit_ts"))
+    counted = facts.groupBy(*[F.col(quote(n)) for n in names], "_u").agg(
+        F.sum("_n").alias("_count"), F.max("_commit_lsn").alias("_commit_lsn"), F.max("_commit_ts").alias("_commit_ts"))
+    kept = counted.where(F.col("_count") > 0).withColumn("_copy", F.explode(F.array_repeat(F.lit(1), F.col("_count").cast("int"))))
+    untyped = F.when(F.size("_u") > 0, F.map_from_entries("_u")).otherwise(F.lit(None).cast("map<string,string>"))
+    return kept.select(*[F.col(quote(n)) for n in names], untyped.alias("_untyped"), "_commit_lsn", "_commit_ts")
+
+
+def _keyed(events: Any, previous: Optional[Any], columns: Sequence[StateColumn], key: list[str], row: list,
+           old: list, untyped_main: Any, have: set[str]) -> StateResult:
+    from pyspark.sql import functions as F
+    from pyspark.sql import Window
+
+    names = [c.name for c in columns]
+    ev = events.select(
+        "_op", "_commit_lsn", "_seq", "_commit_ts", F.coalesce("_unchanged_toast", F.array().cast("array<string>")).alias("_toast"),
+        F.struct(*row).alias("_new"), F.struct(*old).alias("_old"), F.col("_before").isNotNull().alias("_has_old"),
+        untyped_main.alias("_u"),
+    )
+    new_key = F.struct(*[F.col("_new." + quote(k)).alias(k) for k in key])
+    old_key = F.when(F.col("_has_old"), F.struct(*[F.col("_old." + quote(k)).alias(k) for k in key])).otherwise(new_key)
+    ev = ev.withColumn("_nk", new_key).withColumn("_ok", old_key)
+    values = [F.col("_new." + quote(n)).alias(n) for n in names]
+    gone = [F.lit(None).cast(spark_ddl(c.type)).alias(c.name) for c in columns]
+    rows = ev.where(F.col("_op").isin("I", "U")).select(
+        F.col("_nk").alias("_k"), "_commit_lsn", "_seq", F.lit(1).alias("_sub"), F.lit(True).alias("_alive"), *values,
+        "_toast", "_u", "_commit_ts",
+        F.when((F.col("_op") == "U") & (F.col("_ok") != F.col("_nk")), F.col("_ok")).alias("_src"),
+    )
+    moved_away = ev.where(((F.col("_op") == "U") & (F.col("_ok") != F.col("_nk"))) | (F.col("_op") == "D")).select(
+        F.col("_ok").alias("_k"), "_commit_lsn", "_seq", F.lit(0).alias("_sub"), F.lit(False).alias("_alive"), *gone,
+        F.array().cast("array<string>").alias("_toast"), F.lit(None).cast("map<string,string>").alias("_u"),
+        "_commit_ts", F.lit(None).cast(ev.schema["_nk"].dataType).alias("_src"),
+    )
+    facts = rows.unionByName(moved_away)
+    if previous is not None:
+        facts = facts.unionByName(previous.select(
+            F.struct(*[F.col(quote(k)).alias(k) for k in key]).alias("_k"),
+            F.coalesce(F.col("_commit_lsn"), F.lit(-1).cast("bigint")).alias("_commit_lsn"), F.lit(-1).alias("_seq"),
+            F.lit(1).alias("_sub"),
+            F.lit(True).alias("_alive"), *[F.col(quote(n)) for n in names],
+            F.array().cast("array<string>").alias("_toast"), F.col("_untyped").alias("_u"), "_commit_ts",
+            F.lit(None).cast(ev.schema["_nk"].dataType).alias("_src"),
+        ))
+    toasted = [r[0] for r in events.select(F.explode("_unchanged_toast")).distinct().collect()]
+    toasted = [n for n in names if n in toasted]
+    unresolved = 0
+    if toasted:
+        facts, unresolved = _resolve_toast(facts, toasted)
+    order = Window.partitionBy("_k").orderBy(F.desc("_commit_lsn"), F.desc("_seq"), F.desc("_sub"))
+    latest = facts.withColumn("_rank", F.row_number().over(order)).where((F.col("_rank") == 1) & F.col("_alive"))
+    return StateResult(
+        latest.select(*[F.col(quote(n)) for n in names], F.col("_u").alias("_untyped"),
+                      F.when(F.col("_commit_lsn") >= 0, F.col("_commit_lsn")).alias("_commit_lsn"), "_commit_ts"),
+        unresolved,
+    )
+
+
+def _other_than(name: str) -> Any:
+    from pyspark.sql import functions as F
+
+    return lambda k, v: k != F.lit(name)
+
+
+def _resolve_toast(facts: Any, toasted: list[str], rounds: int = 8) -> tuple[Any, int]:
+    """Fill unchanged TOAST values from the row's earlier value (see the module docstring)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import Window
+
+    prior = Window.partitionBy("_k").orderBy("_commit_lsn", "_seq", "_sub").rowsBetween(Window.unboundedPreceding, -1)
+    known = {n: f"_kn{i}" for i, n in enumerate(toasted)}
+    for n, flag in known.items():
+        facts = facts.withColumn(flag, ~F.array_contains("_toast", n))
+        raw = F.element_at(F.coalesce("_u", F.create_map().cast("map<string,string>")), F.lit(n))
+        facts = facts.withColumn(f"{flag}_raw", raw).withColumn("_u", F.map_filter("_u", _other_than(n)))
+    previous_unknown = unknown = -1
+    for _ in range(rounds):
+        for n, flag in known.items():
+            carried = F.last(F.when(F.col(flag), F.struct(F.col(quote(n)).alias("v"), F.col(f"{flag}_raw").alias("r"))),
+                             ignorenulls=True).over(prior)
+            facts = facts.withColumn(f"{flag}_p", carried)
+        # rows moved to a new key in an UPDATE: their old key's value just before the move
+        sources = facts.where(F.col("_sub") == 0).select(
+            F.col("_k").alias("_src"), F.col("_commit_lsn").alias("_s_lsn"), F.col("_seq").alias("_s_seq"),
+            *[F.col(f"{flag}_p").alias(f"{flag}_s") for flag in known.values()],
+        )
+        facts = facts.join(
+            sources,
+            (facts["_src"] == sources["_src"]) & (facts["_commit_lsn"] == sources["_s_lsn"]) & (facts["_seq"] == sources["_s_seq"]),
+            "left",
+        ).drop(sources["_src"]).drop("_s_lsn", "_s_seq")
+        for n, flag in known.items():
+            found = F.when(F.col("_src").isNull(), F.col(f"{flag}_p")).otherwise(F.col(f"{flag}_s"))
+            fill = ~F.col(flag) & found.isNotNull()
+            facts = (
+                facts.withColumn(n, F.when(fill, found["v"]).otherwise(F.col(quote(n))))
+                .withColumn(f"{flag}_raw", F.when(fill, found["r"]).otherwise(F.col(f"{flag}_raw")))
+                .withColumn(flag, F.col(flag) | fill)
+                .drop(f"{flag}_p", f"{flag}_s")
+            )
+        facts = facts.localCheckpoint()
+        unknown = facts.where(F.col("_alive") & ~F.array_min(F.array(*[F.col(f) for f in known.values()]))).count()
+        if unknown == 0 or unknown == previous_unknown:
+            break
+        previous_unknown = unknown
+    # the raw texts of resolved values go back into the row's untyped map
+    for n, flag in known.items():
+        entry = F.when(F.col(f"{flag}_raw").isNotNull(), F.create_map(F.lit(n), F.col(f"{flag}_raw")))
+        facts = facts.withColumn(
+            "_u", F.when(entry.isNotNull(), F.map_concat(F.coalesce("_u", F.create_map().cast("map<string,string>")), entry))
+            .otherwise(F.col("_u")))
+    facts = facts.drop(*known.values(), *[f"{f}_raw" for f in known.values()])
+    return facts, max(unknown, 0)

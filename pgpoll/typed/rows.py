@@ -1,0 +1,218 @@
+"""Change envelope rows of one table -> that table's typed change rows (Arrow in, Arrow out).
+
+A typed change row holds the table's own columns, typed by
+:mod:`pgpoll.typed.mapping` — the new row for INSERT and UPDATE, the old row
+(or old key) for DELETE, nothing for TRUNCATE — plus:
+
+============== ============================ ==============================================
+``_op``        string                       I, U, D or T
+``_commit_lsn`` bigint                      LSN of the transaction's commit
+``_seq``       int                          position in the transaction
+``_commit_ts`` timestamp (UTC)              commit time
+``_unchanged_toast`` array<string>          columns whose unchanged TOASTed value was not sent (null here)
+``_before``    struct<the table's columns>  UPDATE: the old key or old row when the stream sent one
+``_untyped``   map<string,string>           exact text of values the typed column cannot hold
+                                            (NaN in a decimal, infinity dates, ...); ``_before.<col>`` for old values
+``_schema_id`` string                       the table's shape, ``_pgpoll/schemas/<id>.json``
+============== ============================ ==============================================
+
+Column names are mapped to *physical* names by a :class:`ColumnLedger`, kept
+per table for the table's whole history: a column keeps its name while its
+Spark type stays the same; a type change writes the column from then on as
+``<name>__<type tag>`` (Spark cannot merge, say, int and string under one
+name); a name equal to a meta column or equal to another ignoring case (Spark
+is case-insensitive) gets a suffix too. The ledger is what makes the same
+column land in the same place in every batch, so ``mergeSchema`` reads all
+partitions.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import pyarrow as pa
+
+from pgpoll.typed.mapping import PgType, arrow_type, spark_ddl, type_tag
+from pgpoll.typed.values import to_arrow
+from pgpoll.typed.schemas import TableSchema
+
+META_COLUMNS = ("_op", "_commit_lsn", "_seq", "_commit_ts", "_unchanged_toast", "_before", "_untyped", "_schema_id")
+_TS = pa.timestamp("us", tz="UTC")
+
+
+@dataclass
+class LedgerEntry:
+    """One (column name, Spark type) pair and where it is stored."""
+
+    name: str
+    ddl: str
+    physical: str
+    type: PgType
+
+    def to_json(self) -> dict[str, Any]:
+        """As stored in the ledger file."""
+        return {"name": self.name, "spark_type": self.ddl, "physical": self.physical, "type": self.type.to_json()}
+
+
+@dataclass
+class ColumnLedger:
+    """Physical column names of one table, in order of first appearance, for its whole history."""
+
+    entries: list[LedgerEntry] = field(default_factory=list)
+    changed: bool = False
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "ColumnLedger":
+        """Parse the ledger file's content."""
+        return cls(
+            [LedgerEntry(e["name"], e["spark_type"], e["physical"], PgType.from_json(e["type"])) for e in data.get("columns", ())]
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The ledger file's content."""
+        return {"columns": [e.to_json() for e in self.entries]}
+
+    def physical(self, name: str, t: PgType) -> str:
+        """The stored name of column ``name`` with type ``t`` (a new entry when first seen)."""
+        ddl = spark_ddl(t)
+        for e in self.entries:
+            if e.name == name and e.ddl == ddl:
+                return e.physical
+        taken = {e.physical.lower() for e in self.entries} | {m.lower() for m in META_COLUMNS}
+        first_type = next((e for e in self.entries if e.name == name), None)
+        base = candidate = name if first_type is None else f"{name}__{type_tag(t)}"
+        n = 1
+        while candidate.lower() in taken:
+            n += 1
+            candidate = f"{base}__{n}"
+        self.entries.append(LedgerEntry(name, ddl, candidate, t))
+        self.changed = True
+        return candidate
+
+
+@dataclass(frozen=True)
+class TypedLayout:
+    """The typed columns of one table in one batch: ``(physical name, column name, type)`` in order."""
+
+    columns: tuple[tuple[str, str, PgType], ...]
+    #: schema id -> {column name: physical name}
+    physical: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, schemas: Iterable[TableSchema], ledger: ColumnLedger) -> "TypedLayout":
+        """Every column the table ever had (``schemas`` registered first), named through ``ledger``.
+
+        Every partition carries every physical column the table has had so
+        far (null where a change did not have it), so partitions differ only
+        by columns added later, which ``mergeSchema`` handles.
+        """
+        physical: dict[str, dict[str, str]] = {}
+        for described in schemas:
+            names = physical.setdefault(described.schema_id, {})
+            for c in described.columns:
+                names[c.name] = ledger.physical(c.name, c.type)
+        return cls(tuple((e.physical, e.name, e.type) for e in ledger.entries), physical)
+
+    def arrow_schema(self) -> pa.Schema:
+        """The typed change rows' Arrow schema."""
+        own = [pa.field(p, arrow_type(t)) for p, _n, t in self.columns]
+        return pa.schema(
+            own
+            + [
+                pa.field("_op", pa.string()),
+                pa.field("_commit_lsn", pa.int64()),
+                pa.field("_seq", pa.int32()),
+                pa.field("_commit_ts", _TS),
+                pa.field("_unchanged_toast", pa.list_(pa.string())),
+                pa.field("_before", pa.struct(own) if own else pa.struct([pa.field("_none", pa.int8())])),
+                pa.field("_untyped", pa.map_(pa.string(), pa.string())),
+                pa.field("_schema_id", pa.string()),
+            ]
+        )
+
+    def spark_ddl(self) -> str:
+        """The same schema as a Spark DDL string (names back-quoted)."""
+        own = [f"{quote(p)}: {spark_ddl(t)}" for p, _n, t in self.columns]
+        before = ", ".join(own) if own else "`_none`: tinyint"
+        cols = [o.replace(": ", " ", 1) for o in own] + [
+            "`_op` string", "`_commit_lsn` bigint", "`_seq` int", "`_commit_ts` timestamp",
+            "`_unchanged_toast` array<string>", f"`_before` struct<{before}>", "`_untyped` map<string,string>",
+            "`_schema_id` string",
+        ]
+        return ", ".join(cols)
+
+
+def quote(name: str) -> str:
+    """A Spark identifier, back-quoted."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def typed_batch(batch: pa.RecordBatch, layout: TypedLayout) -> pa.RecordBatch:
+    """Envelope rows (of one table) as typed change rows."""
+    ops: list[str] = batch.column("op").to_pylist()
+    sids: list[Optional[str]] = batch.column("schema_id").to_pylist()
+    befores: list[Optional[list[tuple[str, Optional[str]]]]] = batch.column("before").to_pylist()
+    afters: list[Optional[list[tuple[str, Optional[str]]]]] = batch.column("after").to_pylist()
+    n = len(ops)
+    main: list[Optional[dict[str, Optional[str]]]] = []
+    old: list[Optional[dict[str, Optional[str]]]] = []
+    for i in range(n):
+        op = ops[i]
+        if op == "D":
+            main.append(dict(befores[i] or ()))
+            old.append(None)
+        elif op in ("I", "U"):
+            main.append(dict(afters[i] or ()))
+            old.append(dict(befores[i]) if op == "U" and befores[i] is not None else None)
+        else:
+            main.append(None)
+            old.append(None)
+    untyped: list[list[tuple[str, str]]] = [[] for _ in range(n)]
+    own_main = _typed_columns(layout, sids, main, untyped, "")
+    own_old = _typed_columns(layout, sids, old, untyped, "_before.")
+    target = layout.arrow_schema()
+    before_type = target.field("_before").type
+    if layout.columns:
+        mask = pa.array([o is None for o in old], pa.bool_())
+        before = pa.StructArray.from_arrays(own_old, fields=list(before_type), mask=mask)
+    else:
+        before = pa.nulls(n, before_type)
+    def passed(source: str, into: str) -> pa.Array:  # Spark's Arrow types differ in tz and list field names
+        return batch.column(source).cast(target.field(into).type)
+
+    arrays = own_main + [
+        passed("op", "_op"),
+        passed("commit_lsn", "_commit_lsn"),
+        passed("seq", "_seq"),
+        passed("commit_ts", "_commit_ts"),
+        passed("unchanged_toast", "_unchanged_toast"),
+        before,
+        pa.array([u if u else None for u in untyped], pa.map_(pa.string(), pa.string())),
+        passed("schema_id", "_schema_id"),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=target)
+
+
+def _typed_columns(
+    layout: TypedLayout, sids: Sequence[Optional[str]], images: Sequence[Optional[dict[str, Optional[str]]]],
+    untyped: list[list[tuple[str, str]]], prefix: str,
+) -> list[pa.Array]:
+    arrays: list[pa.Array] = []
+    none: Mapping[str, str] = {}
+    for phys, name, t in layout.columns:
+        texts: list[Optional[str]] = []
+        for sid, image in zip(sids, images):
+            value = None
+            if image is not None and sid is not None and layout.physical.get(sid, none).get(name) == phys:
+                value = image.get(name)
+            texts.append(value)
+        array, fallback = to_arrow(t, texts)
+        for i in fallback:
+            text = texts[i]
+            if text is not None:
+                untyped[i].append((prefix + name, text))
+        arrays.append(array)
+    return arrays
