@@ -4,7 +4,8 @@ Starts a private server (the first installed version with test_decoding),
 creates a table, a test_decoding slot and a pgoutput slot with its publication,
 runs a small workload (inserts, updates, deletes, a truncate), then runs
 :func:`run_demo`, which shows the slots through the real ``pgpoll`` command
-line. The server is stopped at the end, also on failure, Ctrl-C or SIGTERM.
+line, ingests both with ``--typed-tables`` and materializes the table's
+current state (read back with pyarrow and, when installed, DuckDB). The server is stopped at the end, also on failure, Ctrl-C or SIGTERM.
 
 Run: ``python -m pgpoll.testing.demo [--workdir DIR]``.
 """
@@ -38,6 +39,9 @@ WORKLOAD = [
     "BEGIN; INSERT INTO orders (customer, total) VALUES ('O''Brien', 99.99); "
     "UPDATE orders SET note = 'gift' WHERE id = 1; COMMIT",
     "TRUNCATE orders",
+    "INSERT INTO orders (customer, total, note) VALUES ('after the truncate', 12.50, repeat('long note ', 1000)), "
+    "('second', 7, NULL)",
+    "UPDATE orders SET status = 'paid' WHERE customer = 'after the truncate'",
 ]
 
 
@@ -96,8 +100,10 @@ def run_demo(dsn: str, workdir: Path) -> None:
     for slot, extra in ((TEXT_SLOT, ()), (BINARY_SLOT, ("--publication", PUBLICATION))):
         output = workdir / f"out-{slot}"
         shutil.rmtree(output, ignore_errors=True)  # a fresh server: start a fresh output too
-        pgpoll(dsn, "ingest", "--slot", slot, "--output", str(output), *extra, show_stderr=False)
+        pgpoll(dsn, "ingest", "--slot", slot, "--output", str(output), "--typed-tables", *extra, show_stderr=False)
         show_output(output)
+        pgpoll(dsn, "materialize", "--output", str(output), show_stderr=False)
+        show_state(output / "state" / "public.orders")
     pgpoll(dsn, "slot", "list")
     print("\nthe slots moved to the last committed change: their lag is back to (nearly) zero.", flush=True)
 
@@ -113,6 +119,27 @@ def show_output(output: Path) -> None:
         print(f"  {row['table_name']:<10} {row['op']}  {row['seq_count']}", flush=True)
     for row in table.sort_by([("commit_lsn", "ascending"), ("seq", "ascending")]).slice(0, 4).to_pylist():
         print(f"  commit_lsn={row['commit_lsn']} seq={row['seq']} op={row['op']} after={dict(row['after'] or [])}", flush=True)
+
+
+def show_state(path: Path) -> None:
+    """The materialized table: its typed schema and rows (pyarrow), and the same files through DuckDB."""
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(path, format="parquet").to_table()
+    print(f"\nstate under {path}: {table.num_rows} row(s), typed:", flush=True)
+    for field in table.schema:
+        if not field.name.startswith("_"):
+            print(f"  {field.name}: {field.type}", flush=True)
+    for row in table.to_pylist():
+        print("  " + ", ".join(f"{k}={v!r:.40}" for k, v in row.items() if not k.startswith("_")), flush=True)
+    try:
+        import duckdb
+    except ImportError:
+        return
+    query = f"SELECT id, customer, total, status FROM read_parquet('{path}/*.parquet') ORDER BY id"
+    print(f"\nduckdb> {query}", flush=True)
+    for row in duckdb.sql(query).fetchall():
+        print(f"  {row}", flush=True)
 
 
 def first_installation_with_test_decoding() -> Any:
