@@ -21,7 +21,6 @@ from typing import Any, Callable, Optional
 
 from pgpoll.errors import (
     ConfigError,
-    PgpollError,
     PublicationNotFoundError,
     SinkError,
     SlotInvalidatedError,

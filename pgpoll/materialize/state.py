@@ -81,9 +81,7 @@ def materialize(
     no key) means the table is treated as a multiset.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql import Window
 
-    names = [c.name for c in columns]
     multiset = not key
     if events is not None:
         last_truncate = events.where(F.col("_op") == "T").agg(F.max(F.struct("_commit_lsn", "_seq"))).first()[0]

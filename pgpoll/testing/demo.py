@@ -105,7 +105,8 @@ def run_demo(dsn: str, workdir: Path) -> None:
         pgpoll(dsn, "materialize", "--output", str(output), show_stderr=False)
         show_state(output / "state" / "public.orders")
     pgpoll(dsn, "slot", "list")
-    print("\nthe slots moved to the last committed change: their lag is back to (nearly) zero.", flush=True)
+    print("\nthe slots moved to the last committed change (confirmed_lsn); any lag left is WAL written after it.",
+          flush=True)
 
 
 def show_output(output: Path) -> None:

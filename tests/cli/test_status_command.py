@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg2
 
-from tests.ingest.conftest import Capture, confirmed_lsn, ingest, make_capture, read_output
+from tests.ingest.conftest import confirmed_lsn, ingest, make_capture, read_output
 
 
 def _assert_failed(result: Any, code: int, *phrases: str) -> None:
