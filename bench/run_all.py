@@ -25,6 +25,7 @@ def main() -> int:
         [sys.executable, str(HERE / "bench_decode.py"), "--changes", changes],
         [sys.executable, str(HERE / "bench_test_decoding.py"), "--lines", changes],
         [sys.executable, str(HERE / "report.py"), "--sizes", f"100000,{changes}", "--repeat", repeat],
+        [sys.executable, str(HERE / "bench_typed.py"), "--changes", "100000"],
     ]
     status = 0
     for cmd in runs:

@@ -7,7 +7,8 @@ commit-log position it reflects. The next run starts from that state and
 applies only newer batches; ``--full`` (or a missing or unreadable state)
 rebuilds from every batch, which gives the same result.
 
-The new state is written beside the old one (``DEST/_tmp-...``) and then
+The new state is written beside the old one (``DEST/<schema>.<table>.materializing-<id>``:
+not a name starting with ``_``, which Spark would treat as hidden) and then
 swapped in, so readers see the old or the new state; a crash in the swap
 leaves no state, and the next run rebuilds it.
 """
@@ -34,6 +35,8 @@ from pgpoll.typed.schemas import IDENTITY_FULL, TableSchema
 
 log = logging.getLogger("pgpoll.materialize")
 STATE_FILE = "_pgpoll_state.json"
+SCRATCH = ".materializing-"
+_CASE_SENSITIVE = "spark.sql.caseSensitive"
 
 
 @dataclass(frozen=True)
@@ -121,14 +124,20 @@ class Materializer:
             raise SinkError(f"{self.opts.output} has no typed tables",
                             "ingest with --typed-tables (changes written before that are in changes/ only)")
         for name, is_dir, _ in self.dest.list(self.dest.path("")):
-            if is_dir and name.startswith("_tmp-"):
+            if is_dir and SCRATCH in name:
                 self.dest.delete(self.dest.path(name))
         out: list[TableState] = []
-        for name in names:
-            parsed = layout.parse_table_dir_name(name)
-            if parsed is None or not self.filter.accepts(*parsed):
-                continue
-            out.append(self._table(name, parsed, [r for r in records if name in r.tables]))
+        # the state's columns are the table's own names: "A" and "a" are two columns in PostgreSQL
+        saved = self.spark.conf.get(_CASE_SENSITIVE, "false")
+        self.spark.conf.set(_CASE_SENSITIVE, "true")
+        try:
+            for name in names:
+                parsed = layout.parse_table_dir_name(name)
+                if parsed is None or not self.filter.accepts(*parsed):
+                    continue
+                out.append(self._table(name, parsed, [r for r in records if name in r.tables]))
+        finally:
+            self.spark.conf.set(_CASE_SENSITIVE, saved)
         return out
 
     def _read_marker(self, name: str) -> Optional[dict[str, Any]]:
@@ -180,7 +189,7 @@ class Materializer:
             )
         for w in warnings:
             log.warning("%s", w)
-        scratch = self.dest.path(f"_tmp-{name}-{uuid.uuid4().hex[:8]}")
+        scratch = self.dest.path(f"{name}{SCRATCH}{uuid.uuid4().hex[:8]}")
         result.frame.write.parquet(scratch)
         rows = self.spark.read.parquet(scratch).count()
         end = (todo[-1] if todo else records[-1]).end if records else marker["position"]  # type: ignore[index]
