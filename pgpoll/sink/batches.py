@@ -17,7 +17,7 @@ Recovery at the start of every run is deterministic:
   exists with the listed size — the crash came between rename and record;
   otherwise it is removed (a rename cut short on a store without atomic
   rename). Either way the slot still holds its changes, so nothing is lost.
-  A typed-table partition whose batch has no record after that is removed.
+  A typed-table partition that no commit-log record lists is removed.
 """
 
 from __future__ import annotations
@@ -139,10 +139,11 @@ class BatchSink:
             else:
                 self.fs.delete(directory)
                 removed.append(name)
+        recorded = {(t, r.partition) for r in self.log.records() for t in r.tables}
         for table, is_dir, _size in self.fs.list(self.fs.path(layout.TABLES)):
             for name, part_is_dir, _s in self.fs.list(self.fs.path(layout.TABLES, table)) if is_dir else ():
                 bounds = layout.parse_partition_name(name) if part_is_dir else None
-                if bounds is not None and not self.log.has(bounds[1]):
+                if bounds is not None and (table, name) not in recorded:
                     self.fs.delete(self.fs.path(layout.TABLES, table, name))
                     removed.append(f"{layout.TABLES}/{table}/{name}")
         return RecoveryReport(self.log.high_water_mark(), len(staged), tuple(adopted), tuple(removed))

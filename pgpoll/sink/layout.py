@@ -13,7 +13,8 @@ With ``--typed-tables``, ``PATH/tables/<schema>.<table>/lsn_range=.../`` holds
 each table's typed changes of the same batch. In ``<schema>.<table>`` each
 part keeps letters, digits, ``_`` and ``-`` and writes any other character
 as ``%XX`` (its UTF-8 bytes), so a name with dots, slashes or glob
-characters maps to one safe directory and back.
+characters maps to one safe directory and back; a leading ``_`` of the schema
+part is written as ``%5F`` too, so the directory is never hidden.
 """
 
 from __future__ import annotations
@@ -66,8 +67,15 @@ def _escape(part: str) -> str:
 
 
 def table_dir_name(schema: str, table: str) -> str:
-    """``<schema>.<table>`` with each part escaped (see the module docstring)."""
-    return f"{_escape(schema)}.{_escape(table)}"
+    """``<schema>.<table>`` with each part escaped (see the module docstring).
+
+    A leading ``_`` of the schema part is escaped too (``%5F``): readers skip
+    directories whose name starts with ``_`` as hidden.
+    """
+    escaped = _escape(schema)
+    if escaped.startswith("_"):
+        escaped = "%5F" + escaped[1:]
+    return f"{escaped}.{_escape(table)}"
 
 
 def parse_table_dir_name(name: str) -> Optional[tuple[str, str]]:
@@ -77,4 +85,7 @@ def parse_table_dir_name(name: str) -> Optional[tuple[str, str]]:
     if name.startswith(("_", ".")) or name.count(".") != 1:
         return None
     schema, table = name.split(".")
-    return unquote(schema, errors="strict"), unquote(table, errors="strict")
+    try:
+        return unquote(schema, errors="strict"), unquote(table, errors="strict")
+    except UnicodeDecodeError:
+        return None
