@@ -36,6 +36,7 @@ from pgpoll.typed.schemas import IDENTITY_FULL, TableSchema
 log = logging.getLogger("pgpoll.materialize")
 STATE_FILE = "_pgpoll_state.json"
 SCRATCH = ".materializing-"
+_STATE_META = {"_untyped", "_commit_lsn", "_commit_ts"}  # the state's own columns beside the table's
 _CASE_SENSITIVE = "spark.sql.caseSensitive"
 
 
@@ -73,7 +74,9 @@ def _state_columns(described: TableSchema, ledger: Any) -> list[StateColumn]:
         ddl = spark_ddl(c.type)
         current = [e.physical for e in ledger.entries if e.name == c.name and e.ddl == ddl]
         others = [e.physical for e in ledger.entries if e.name == c.name and e.ddl != ddl]
-        out.append(StateColumn(c.name, c.type, tuple(current + others)))
+        # a column named like a state meta column (_untyped, _commit_lsn...) keeps its stored, suffixed name
+        name = current[0] if c.name.lower() in _STATE_META and current else c.name
+        out.append(StateColumn(name, c.type, tuple(current + others)))
     return out
 
 
@@ -180,6 +183,8 @@ class Materializer:
             )
         ledger = load_ledger(self.fs, *parsed)
         columns = _state_columns(described, ledger)
+        renamed = {c.name: s.name for c, s in zip(described.columns, columns)}
+        key = [renamed.get(k, k) for k in key]
         previous = _align(self.spark.read.parquet(target), columns) if marker else None
         result = materialize(events, previous, columns, key)
         if result.unresolved_toast:

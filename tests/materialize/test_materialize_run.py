@@ -74,3 +74,18 @@ def test_state_equals_source_after_every_kind_of_change(db: Any, spark: Any, tmp
     full = materialize(out, "--full", "--to", str(tmp_path / "rebuilt"))
     assert full[0] == 0 and full[1][0]["mode"] == "full"
     assert sorted(state_rows(spark, out, "public", "t", str(tmp_path / "rebuilt")), key=lambda r: r["id"]) == _source(db)
+
+
+def test_columns_named_like_state_columns_keep_their_stored_names(db: Any, spark: Any, tmp_path: Path) -> None:
+    db.execute('CREATE TABLE clash (id int PRIMARY KEY, "_commit_lsn" int, "_untyped" text)')
+    slot = db.slot_name()
+    db.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, 'test_decoding')", (slot,))
+    db.execute("INSERT INTO clash VALUES (1, 10, 'a'), (2, 20, 'b')")
+    db.execute('UPDATE clash SET "_untyped" = \'c\' WHERE id = 2')
+    out = str(tmp_path / "out")
+    assert ingest(db.dsn, "--slot", slot, "--output", out, "--typed-tables").exit_code == 0
+    code, _tables, err = materialize(out)
+    assert code == 0, err
+    frame = spark.read.parquet(str(Path(out) / "state" / "public.clash"))
+    rows = sorted((r["id"], r["_commit_lsn__2"], r["_untyped__2"], r["_commit_lsn"] > 0) for r in frame.collect())
+    assert rows == [(1, 10, "a", True), (2, 20, "c", True)]
