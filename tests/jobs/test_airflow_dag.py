@@ -1,4 +1,7 @@
-"""``jobs/airflow/pgpoll_dag.py`` in a real Airflow 3: the DAG folder loads, and ``airflow dags test`` lands the changes.
+"""``jobs/airflow/pgpoll_dag.py`` in a real Airflow 3: the DAG folder loads, ``airflow dags test`` lands the changes.
+
+Then the ``materialize`` task writes their current state; a busy slot, a missing ``materialize`` configuration
+and configuration errors end the tasks skipped, or failed without retries, as the DAG's docstring says.
 
 Opt-in: Airflow pins many packages, so it lives in its own virtualenv
 (``make airflow-venv`` builds ``.venv-airflow``; ``PGPOLL_AIRFLOW_VENV`` points
@@ -82,6 +85,7 @@ def test_the_dag_folder_loads_with_no_import_errors_and_the_schedule_from_the_va
         bag = DagBag(dag_folder={str(DAG_FOLDER)!r})
         dag = bag.get_dag("pgpoll_ingest")
         task = dag.get_task("ingest")
+        materialize = dag.get_task("materialize")
         print(json.dumps({{
             "import_errors": {{str(k): str(v) for k, v in bag.import_errors.items()}},
             "dags": sorted(bag.dag_ids),
@@ -90,8 +94,14 @@ def test_the_dag_folder_loads_with_no_import_errors_and_the_schedule_from_the_va
             "max_active_runs": dag.max_active_runs,
             "retries": task.retries,
             "exponential": task.retry_exponential_backoff,
-            "operator": type(task).__mro__[1].__name__,
+            "operator": [type(task).__name__, [c.__name__ for c in type(task).__mro__]],
             "tasks": sorted(dag.task_ids),
+            "materialize": {{
+                "upstream": sorted(materialize.upstream_task_ids),
+                "trigger_rule": getattr(materialize.trigger_rule, "value", materialize.trigger_rule),
+                "retries": materialize.retries,
+                "operator": [type(materialize).__name__, [c.__name__ for c in type(materialize).__mro__]],
+            }},
         }}))
         """
     )
@@ -100,11 +110,15 @@ def test_the_dag_folder_loads_with_no_import_errors_and_the_schedule_from_the_va
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["import_errors"] == {}
-    assert seen["dags"] == ["pgpoll_ingest"] and seen["tasks"] == ["ingest"]
+    assert seen["dags"] == ["pgpoll_ingest"] and seen["tasks"] == ["ingest", "materialize"]
     assert seen["schedule"] == "7,37 * * * *"  # from the Variable pgpoll_schedule
     assert seen["catchup"] is False and seen["max_active_runs"] == 1
     assert seen["retries"] == 4 and seen["exponential"] is True
-    assert seen["operator"] == "SparkSubmitOperator"
+    assert seen["operator"][0] == "PgpollIngestOperator" and "SparkSubmitOperator" in seen["operator"][1]
+    operator = seen["materialize"].pop("operator")
+    assert operator[0] == "PgpollMaterializeOperator" and "SparkSubmitOperator" in operator[1]
+    # runs only after a successful ingest (skipped after a skipped one), retried like ingest
+    assert seen["materialize"] == {"upstream": ["ingest"], "trigger_rule": "all_success", "retries": 4}
 
     # the same through Airflow itself: its DAG processor parses the folder into the metadata
     # database, with the schedule from a Variable stored there
@@ -119,40 +133,49 @@ def test_the_dag_folder_loads_with_no_import_errors_and_the_schedule_from_the_va
     assert parsed["max_active_runs"] == "1"
 
 
-def _task_instances(home: Path) -> list[tuple[str, str, int]]:
+def _task_instances(home: Path, task_id: str = "ingest") -> list[tuple[str, str, int]]:
     with sqlite3.connect(home / "airflow.db") as conn:
         return conn.execute(
-            "SELECT run_id, state, try_number FROM task_instance WHERE dag_id = 'pgpoll_ingest' AND task_id = 'ingest' "
-            "ORDER BY run_id"
+            "SELECT run_id, state, try_number FROM task_instance WHERE dag_id = 'pgpoll_ingest' AND task_id = ? "
+            "ORDER BY run_id",
+            (task_id,),
         ).fetchall()
 
 
-def _xcom(home: Path, run_id: str, key: str) -> Any:
+def _xcom(home: Path, run_id: str, key: str, task_id: str = "ingest") -> Any:
     with sqlite3.connect(home / "airflow.db") as conn:
         rows = conn.execute(
-            "SELECT value FROM xcom WHERE dag_id = 'pgpoll_ingest' AND task_id = 'ingest' AND run_id = ? AND key = ?",
-            (run_id, key),
+            "SELECT value FROM xcom WHERE dag_id = 'pgpoll_ingest' AND task_id = ? AND run_id = ? AND key = ?",
+            (task_id, run_id, key),
         ).fetchall()
-    assert len(rows) == 1, f"no XCom {key} for {run_id}"
+    assert len(rows) == 1, f"no XCom {key} of {task_id} for {run_id}"
     value = rows[0][0]
     return json.loads(value if isinstance(value, str) else bytes(value).decode())
 
 
-def test_airflow_dags_test_lands_the_changes_and_a_busy_slot_is_skipped(db: Any, tmp_path: Path, airflow: Any) -> None:
+def _source(db: Any) -> str:
+    """The Connection pgpoll_source for ``db``, as Airflow reads it from the environment."""
+    params = psycopg2.extensions.parse_dsn(db.dsn)
+    return json.dumps({
+        "conn_type": "postgres", "host": params["host"], "port": int(params["port"]),
+        "login": params["user"], "password": params["password"], "schema": params["dbname"],
+    })
+
+
+def test_airflow_dags_test_lands_the_changes_materializes_them_and_a_busy_slot_is_skipped(
+    db: Any, tmp_path: Path, airflow: Any
+) -> None:
     cap = make_capture(db, "pgoutput", tmp_path / "out")
     db.execute("INSERT INTO items SELECT g, 'v' || g FROM generate_series(1, 200) g")
     db.execute("DELETE FROM items WHERE id <= 5")
     params = psycopg2.extensions.parse_dsn(db.dsn)
-    env = {
-        "AIRFLOW_CONN_PGPOLL_SOURCE": json.dumps({
-            "conn_type": "postgres", "host": params["host"], "port": int(params["port"]),
-            "login": params["user"], "password": params["password"], "schema": params["dbname"],
-        }),
-        "AIRFLOW_VAR_PGPOLL_INGEST": json.dumps({
-            "application": str(REPO / "jobs" / "ingest.py"), "slot": cap.slot, "output": cap.output,
-            "publication": "pub_items", "max_seconds": 300,
-        }),
+    state_dir = tmp_path / "state"
+    config = {
+        "application": str(REPO / "jobs" / "ingest.py"), "slot": cap.slot, "output": cap.output,
+        "publication": "pub_items", "max_seconds": 300, "typed_tables": True,
+        "materialize": {"application": str(REPO / "jobs" / "materialize.py"), "to": str(state_dir)},
     }
+    env = {"AIRFLOW_CONN_PGPOLL_SOURCE": _source(db), "AIRFLOW_VAR_PGPOLL_INGEST": json.dumps(config)}
 
     first = airflow("dags", "test", "pgpoll_ingest", "2024-01-02T00:00:00+00:00", env=env)
 
@@ -166,8 +189,18 @@ def test_airflow_dags_test_lands_the_changes_and_a_busy_slot_is_skipped(db: Any,
     assert (ops.count("I"), ops.count("D")) == (200, 5)
     assert Lsn.parse(confirmed_lsn(db, cap.slot)) == Lsn.parse(summary["last_lsn"])
     assert params["password"] not in " ".join(json.dumps(summary).split())
+    assert (Path(cap.output) / "tables" / "public.items").is_dir()  # typed_tables: true -> --typed-tables
 
-    # another run holds the slot's lock: pgpoll exits 3 and the task ends skipped, not failed or retried
+    # materialize ran after the ingest: one JSON line per captured table, as its XCom return_value
+    assert _task_instances(airflow.home, "materialize") == [(run_id, "success", 1)]
+    [items] = _xcom(airflow.home, run_id, "return_value", "materialize")
+    assert (items["table"], items["rows"], items["mode"]) == ("public.items", 195, "full")
+    assert Path(items["path"].removeprefix("file:")) == state_dir / "public.items"  # "to" -> --to
+    current = pads.dataset(state_dir / "public.items", format="parquet").to_table()
+    assert sorted(current.column("id").to_pylist()) == list(range(6, 201))
+
+    # another run holds the slot's lock: pgpoll exits 3 and the task ends skipped, not failed or retried;
+    # materialize (trigger rule all_success) is skipped with it
     holder = db.connect()
     with holder.cursor() as cur:
         cur.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (LOCK_CLASS, cap.slot))
@@ -181,15 +214,23 @@ def test_airflow_dags_test_lands_the_changes_and_a_busy_slot_is_skipped(db: Any,
     assert states[busy_run] == ("skipped", 1)
     assert _xcom(airflow.home, busy_run, "summary")["exit_code"] == 3
     assert Lsn.parse(confirmed_lsn(db, cap.slot)) == Lsn.parse(summary["last_lsn"])  # nothing consumed
+    assert (busy_run, "skipped", 0) in _task_instances(airflow.home, "materialize")
+
+    # no "materialize" in the Variable: the task skips itself before any spark-submit (`airflow tasks test`
+    # runs just that task; in a DAG run, a skipped leaf task leaves the run successful)
+    del config["materialize"]
+    alone = airflow("tasks", "test", "pgpoll_ingest", "materialize", "2024-01-04T00:00:00+00:00",
+                    env={**env, "AIRFLOW_VAR_PGPOLL_INGEST": json.dumps(config)})
+
+    out = alone.stdout + alone.stderr
+    assert "materialize is not configured" in out and "new_state=skipped" in out, out[-5000:]
+    assert "Spark-Submit cmd" not in out  # the hook logs the command when it submits
+    assert pads.dataset(state_dir / "public.items", format="parquet").count_rows() == 195  # untouched
 
 
-def test_a_usage_error_fails_the_task_at_once_without_retries(db: Any, tmp_path: Path, airflow: Any) -> None:
-    params = psycopg2.extensions.parse_dsn(db.dsn)
+def test_configuration_errors_fail_the_task_at_once_without_retries(db: Any, tmp_path: Path, airflow: Any) -> None:
     env = {
-        "AIRFLOW_CONN_PGPOLL_SOURCE": json.dumps({
-            "conn_type": "postgres", "host": params["host"], "port": int(params["port"]),
-            "login": params["user"], "password": params["password"], "schema": params["dbname"],
-        }),
+        "AIRFLOW_CONN_PGPOLL_SOURCE": _source(db),
         "AIRFLOW_VAR_PGPOLL_INGEST": json.dumps({
             "application": str(REPO / "jobs" / "ingest.py"), "slot": "Not-A-Slot-Name", "output": str(tmp_path / "out"),
         }),
@@ -200,3 +241,16 @@ def test_a_usage_error_fails_the_task_at_once_without_retries(db: Any, tmp_path:
     [(run_id, state, tries)] = _task_instances(airflow.home)
     assert (state, tries) == ("failed", 1), (run.stdout + run.stderr)[-5000:]  # exit 2: retries=4 is not used
     assert _xcom(airflow.home, run_id, "summary")["exit_code"] == 2
+    assert _task_instances(airflow.home, "materialize") == [(run_id, "upstream_failed", 0)]
+
+    # materialize alone (`airflow tasks test`: no ingest first, one spark-submit) on an output with no pgpoll
+    # output: exit 5 (spark-submit passes on the driver's exit code), failed at once, not retried
+    env["AIRFLOW_VAR_PGPOLL_INGEST"] = json.dumps({
+        "output": str(tmp_path / "empty"), "materialize": {"application": str(REPO / "jobs" / "materialize.py")},
+    })
+
+    alone = airflow("tasks", "test", "pgpoll_ingest", "materialize", "2024-01-03T00:00:00+00:00", env=env)
+
+    out = alone.stdout + alone.stderr  # (tasks test keeps no task instance to look at afterwards)
+    assert "AirflowFailException: pgpoll materialize exited 5" in out and "holds no pgpoll output" in out, out[-5000:]
+    assert "new_state=failed" in out and "up_for_retry" not in out  # retries=4 is not used

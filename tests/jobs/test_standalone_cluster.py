@@ -55,6 +55,7 @@ def test_make_dist_builds_a_wheel_a_py_files_zip_and_the_entry_script(dist: Path
     assert len(wheels) == 1
     assert (dist / "pgpoll.zip").read_bytes() == wheels[0].read_bytes()
     assert (dist / "ingest.py").read_text() == (REPO / "jobs" / "ingest.py").read_text()
+    assert (dist / "materialize.py").read_text() == (REPO / "jobs" / "materialize.py").read_text()
     import zipfile
 
     names = set(zipfile.ZipFile(dist / "pgpoll.zip").namelist())
