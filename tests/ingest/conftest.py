@@ -101,6 +101,17 @@ def make_capture(db: Any, plugin: str, output: Path) -> Capture:
     return Capture(db, plugin, slot, str(output))
 
 
+def capture_args(db: Any, plugin: str, tables: str) -> list[str]:
+    """A slot for ``plugin`` (and, for pgoutput, publication ``p`` of ``tables``); returns ingest's --slot/--publication."""
+    db.require_plugin(plugin)
+    slot = db.slot_name()
+    db.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, %s)", (slot, plugin))
+    if plugin == "pgoutput":
+        db.execute(f"CREATE PUBLICATION p FOR TABLE {tables}")
+        return ["--slot", slot, "--publication", "p"]
+    return ["--slot", slot]
+
+
 @pytest.fixture(params=["test_decoding", "pgoutput"])
 def capture(request: pytest.FixtureRequest, db: Any, tmp_path: Path) -> Capture:
     """A capture for each plugin."""

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pgpoll.sink import layout
-from tests.ingest.conftest import ingest
+from tests.ingest.conftest import capture_args, ingest
 from tests.materialize.conftest import materialize
 
 SCHEMA, TABLE = "My Schema", "we.ird/t[1]"
@@ -28,12 +28,7 @@ def _setup(db: Any, plugin: str) -> list[str]:
     db.require_plugin(plugin)
     db.execute('CREATE SCHEMA "My Schema"')
     db.execute(f'CREATE TABLE {QUALIFIED} (id int PRIMARY KEY, "_op" text, "A" int, "a" text, n numeric(6,2))')
-    slot = db.slot_name()
-    db.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, %s)", (slot, plugin))
-    if plugin == "pgoutput":
-        db.execute(f"CREATE PUBLICATION p FOR TABLE {QUALIFIED}")
-        return ["--slot", slot, "--publication", "p"]
-    return ["--slot", slot]
+    return capture_args(db, plugin, QUALIFIED)
 
 
 def _source(db: Any) -> list[tuple[Any, ...]]:

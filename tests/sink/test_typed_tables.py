@@ -10,18 +10,8 @@ from typing import Any
 import pytest
 
 from pgpoll.sink.layout import table_dir_name
-from tests.ingest.conftest import ingest, read_output
+from tests.ingest.conftest import capture_args, ingest, read_output
 from tests.materialize.conftest import materialize, state_rows
-
-
-def _slot(db: Any, plugin: str, tables: str) -> list[str]:
-    db.require_plugin(plugin)
-    slot = db.slot_name()
-    db.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, %s)", (slot, plugin))
-    if plugin == "pgoutput":
-        db.execute(f"CREATE PUBLICATION p FOR TABLE {tables}")
-        return ["--slot", slot, "--publication", "p"]
-    return ["--slot", slot]
 
 
 def _typed(spark: Any, out: str, schema: str, table: str) -> list[dict[str, Any]]:
@@ -32,7 +22,7 @@ def _typed(spark: Any, out: str, schema: str, table: str) -> list[dict[str, Any]
 @pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
 def test_typed_rows_match_the_envelope_and_carry_types(db: Any, spark: Any, tmp_path: Path, plugin: str) -> None:
     db.execute("CREATE TABLE acct (id bigint PRIMARY KEY, balance numeric(12,2), opened date, active boolean, tags text[])")
-    args = _slot(db, plugin, "acct")
+    args = capture_args(db, plugin, "acct")
     out = str(tmp_path / "out")
     db.execute("INSERT INTO acct VALUES (1, 10.50, '2024-01-31', true, '{a,\"b c\"}'), (2, 'NaN', NULL, false, NULL)")
     db.execute("UPDATE acct SET balance = 11 WHERE id = 1")
@@ -60,7 +50,7 @@ def test_typed_rows_match_the_envelope_and_carry_types(db: Any, spark: Any, tmp_
 @pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
 def test_add_drop_and_retype_columns_read_with_merge_schema(db: Any, spark: Any, tmp_path: Path, plugin: str) -> None:
     db.execute("CREATE TABLE evo (id int PRIMARY KEY, a int, b text)")
-    args = _slot(db, plugin, "evo")
+    args = capture_args(db, plugin, "evo")
     out = str(tmp_path / "out")
     db.execute("INSERT INTO evo VALUES (1, 1, 'one')")
     assert ingest(db.dsn, *args, "--output", out, "--typed-tables").exit_code == 0
