@@ -9,8 +9,9 @@ rebuilds from every batch, which gives the same result.
 
 The new state is written beside the old one (``DEST/<schema>.<table>.materializing-<id>``:
 not a name starting with ``_``, which Spark would treat as hidden) and then
-swapped in, so readers see the old or the new state; a crash in the swap
-leaves no state, and the next run rebuilds it.
+swapped in: the old directory is removed and the new one renamed, so for that
+moment readers find no state, and a crash in between leaves none (the next
+run rebuilds it). One run at a time per destination: there is no lock.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from pgpoll.typed.schemas import IDENTITY_FULL, TableSchema
 log = logging.getLogger("pgpoll.materialize")
 STATE_FILE = "_pgpoll_state.json"
 SCRATCH = ".materializing-"
-_STATE_META = {"_untyped", "_commit_lsn", "_commit_ts"}  # the state's own columns beside the table's
+# names the state and its computation use beside the table's own columns (internal ones start with __pgpoll_)
+_STATE_META = {"_untyped", "_commit_lsn", "_commit_ts", "_seq"}
 _CASE_SENSITIVE = "spark.sql.caseSensitive"
 
 
@@ -80,7 +82,9 @@ def _state_columns(described: TableSchema, ledger: Any) -> list[StateColumn]:
     return out
 
 
-def _latest_schema(events: Any, store: SchemaStore) -> Optional[TableSchema]:
+def _latest_schema(events: Any, store: SchemaStore, fallback: Optional[str]) -> Optional[TableSchema]:
+    """The shape of the table's newest change; a partial one (a test_decoding DELETE's old key) only
+    when neither a full shape among the changes nor ``fallback`` (the previous state's) is known."""
     from pyspark.sql import functions as F
 
     rows = (
@@ -89,8 +93,12 @@ def _latest_schema(events: Any, store: SchemaStore) -> Optional[TableSchema]:
         .collect()
     )
     shapes = [(tuple(r["m"]), store.load(r["_schema_id"])) for r in rows]
-    full = [s for s in shapes if not s[1].partial] or shapes
-    return max(full, key=lambda s: s[0])[1] if full else None
+    full = [s for s in shapes if not s[1].partial]
+    if full:
+        return max(full, key=lambda s: s[0])[1]
+    if fallback is not None:
+        return store.load(fallback)
+    return max(shapes, key=lambda s: s[0])[1] if shapes else None
 
 
 def _align(previous: Any, columns: list[StateColumn]) -> Any:
@@ -167,7 +175,7 @@ class Materializer:
             self.spark.read.option("mergeSchema", "true").parquet(*[self.fs.path(layout.TABLES, name, r.partition) for r in todo])
             if todo else None
         )
-        described = _latest_schema(events, self.store) if events is not None else None
+        described = _latest_schema(events, self.store, marker["schema_id"] if marker else None) if events is not None else None
         if described is None and marker is not None:
             described = self.store.load(marker["schema_id"])
         if described is None:

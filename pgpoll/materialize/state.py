@@ -7,12 +7,17 @@ key's state is its last fact in ``(commit_lsn, seq)`` order, kept when it is
 a row. The previous state enters as facts older than every change.
 
 Unchanged TOAST values (UPDATEs that did not send a large value) are
-carried forward: the value is the last known one of the same row, found with
-a window over the key; when the row moved to a new key in that UPDATE, from
-the old key's last value — repeated until nothing more can be resolved (one
-round unless rows with unchanged large values change key). A value that is
-not known anywhere (it predates the captured history) is left null and
-counted.
+carried forward: the value is the last known one at the same key, found with
+a window over the key — unless a row moved in to that key after it whose own
+value is still unresolved, which must be resolved first; a row that moved to
+a new key in that UPDATE takes the old key's last value. Rounds repeat until
+nothing more can be resolved (one round unless rows with unchanged large
+values change key). A value that is not known anywhere (it predates the
+captured history) is left null and counted.
+
+A key is the typed key values plus, for values the typed column cannot hold
+(``infinity``, NaN), their exact text. Working columns are named
+``__pgpoll_*`` so that they cannot meet a table's own columns.
 
 Tables whose identity is every column (REPLICA IDENTITY FULL without a
 smaller key, or no usable key) are multisets: each row's count is the
@@ -128,20 +133,20 @@ def _multiset(events: Any, previous: Optional[Any], columns: Sequence[StateColum
         for c, r, o in zip(columns, row, old)
     ]
     plus = events.where(F.col("_op").isin("I", "U")).select(
-        *new_values, _sortable(untyped_main).alias("_u"), F.lit(1).alias("_n"), "_commit_lsn", "_commit_ts")
+        *new_values, _sortable(untyped_main).alias("__pgpoll_u"), F.lit(1).alias("__pgpoll_n"), "_commit_lsn", "_commit_ts")
     minus_updates = events.where((F.col("_op") == "U") & F.col("_before").isNotNull()).select(
-        *old, _sortable(old_untyped).alias("_u"), F.lit(-1).alias("_n"), "_commit_lsn", "_commit_ts")
+        *old, _sortable(old_untyped).alias("__pgpoll_u"), F.lit(-1).alias("__pgpoll_n"), "_commit_lsn", "_commit_ts")
     minus_deletes = events.where(F.col("_op") == "D").select(
-        *row, _sortable(untyped_main).alias("_u"), F.lit(-1).alias("_n"), "_commit_lsn", "_commit_ts")
+        *row, _sortable(untyped_main).alias("__pgpoll_u"), F.lit(-1).alias("__pgpoll_n"), "_commit_lsn", "_commit_ts")
     facts = plus.unionByName(minus_updates).unionByName(minus_deletes)
     if previous is not None:
         facts = facts.unionByName(previous.select(
-            *[F.col(quote(n)) for n in names], _sortable(F.col("_untyped")).alias("_u"), F.lit(1).alias("_n"),
+            *[F.col(quote(n)) for n in names], _sortable(F.col("_untyped")).alias("__pgpoll_u"), F.lit(1).alias("__pgpoll_n"),
             "_commit_lsn", "_commit_ts"))
-    counted = facts.groupBy(*[F.col(quote(n)) for n in names], "_u").agg(
-        F.sum("_n").alias("_count"), F.max("_commit_lsn").alias("_commit_lsn"), F.max("_commit_ts").alias("_commit_ts"))
-    kept = counted.where(F.col("_count") > 0).withColumn("_copy", F.explode(F.array_repeat(F.lit(1), F.col("_count").cast("int"))))
-    untyped = F.when(F.size("_u") > 0, F.map_from_entries("_u")).otherwise(F.lit(None).cast("map<string,string>"))
+    counted = facts.groupBy(*[F.col(quote(n)) for n in names], "__pgpoll_u").agg(
+        F.sum("__pgpoll_n").alias("__pgpoll_count"), F.max("_commit_lsn").alias("_commit_lsn"), F.max("_commit_ts").alias("_commit_ts"))
+    kept = counted.where(F.col("__pgpoll_count") > 0).withColumn("__pgpoll_copy", F.explode(F.array_repeat(F.lit(1), F.col("__pgpoll_count").cast("int"))))
+    untyped = F.when(F.size("__pgpoll_u") > 0, F.map_from_entries("__pgpoll_u")).otherwise(F.lit(None).cast("map<string,string>"))
     return kept.select(*[F.col(quote(n)) for n in names], untyped.alias("_untyped"), "_commit_lsn", "_commit_ts")
 
 
@@ -152,44 +157,51 @@ def _keyed(events: Any, previous: Optional[Any], columns: Sequence[StateColumn],
 
     names = [c.name for c in columns]
     ev = events.select(
-        "_op", "_commit_lsn", "_seq", "_commit_ts", F.coalesce("_unchanged_toast", F.array().cast("array<string>")).alias("_toast"),
-        F.struct(*row).alias("_new"), F.struct(*old).alias("_old"), F.col("_before").isNotNull().alias("_has_old"),
-        untyped_main.alias("_u"),
+        "_op", "_commit_lsn", "_seq", "_commit_ts", F.coalesce("_unchanged_toast", F.array().cast("array<string>")).alias("__pgpoll_toast"),
+        F.struct(*row).alias("__pgpoll_new"), F.struct(*old).alias("__pgpoll_old"), F.col("_before").isNotNull().alias("__pgpoll_has_old"),
+        untyped_main.alias("__pgpoll_u"), F.coalesce("_untyped", F.create_map().cast("map<string,string>")).alias("__pgpoll_all_u"),
     )
-    new_key = F.struct(*[F.col("_new." + quote(k)).alias(k) for k in key])
-    old_key = F.when(F.col("_has_old"), F.struct(*[F.col("_old." + quote(k)).alias(k) for k in key])).otherwise(new_key)
-    ev = ev.withColumn("_nk", new_key).withColumn("_ok", old_key)
-    values = [F.col("_new." + quote(n)).alias(n) for n in names]
+    # a key holds the typed values and, for values the typed column cannot hold (NaN, infinity), their exact text
+    new_key = F.struct(*[F.col("__pgpoll_new." + quote(k)).alias(k) for k in key],
+                       *[F.element_at("__pgpoll_all_u", F.lit(k)).alias(f"__pgpoll_raw{i}") for i, k in enumerate(key)])
+    old_key = F.when(F.col("__pgpoll_has_old"), F.struct(
+        *[F.col("__pgpoll_old." + quote(k)).alias(k) for k in key],
+        *[F.element_at("__pgpoll_all_u", F.lit("_before." + k)).alias(f"__pgpoll_raw{i}") for i, k in enumerate(key)],
+    )).otherwise(new_key)
+    ev = ev.withColumn("__pgpoll_nk", new_key).withColumn("__pgpoll_ok", old_key)
+    values = [F.col("__pgpoll_new." + quote(n)).alias(n) for n in names]
     gone = [F.lit(None).cast(spark_ddl(c.type)).alias(c.name) for c in columns]
     rows = ev.where(F.col("_op").isin("I", "U")).select(
-        F.col("_nk").alias("_k"), "_commit_lsn", "_seq", F.lit(1).alias("_sub"), F.lit(True).alias("_alive"), *values,
-        "_toast", "_u", "_commit_ts",
-        F.when((F.col("_op") == "U") & (F.col("_ok") != F.col("_nk")), F.col("_ok")).alias("_src"),
+        F.col("__pgpoll_nk").alias("__pgpoll_k"), "_commit_lsn", "_seq", F.lit(1).alias("__pgpoll_sub"), F.lit(True).alias("__pgpoll_alive"), *values,
+        "__pgpoll_toast", "__pgpoll_u", "_commit_ts",
+        F.when((F.col("_op") == "U") & (~F.col("__pgpoll_ok").eqNullSafe(F.col("__pgpoll_nk"))), F.col("__pgpoll_ok")).alias("__pgpoll_src"),
     )
-    moved_away = ev.where(((F.col("_op") == "U") & (F.col("_ok") != F.col("_nk"))) | (F.col("_op") == "D")).select(
-        F.col("_ok").alias("_k"), "_commit_lsn", "_seq", F.lit(0).alias("_sub"), F.lit(False).alias("_alive"), *gone,
-        F.array().cast("array<string>").alias("_toast"), F.lit(None).cast("map<string,string>").alias("_u"),
-        "_commit_ts", F.lit(None).cast(ev.schema["_nk"].dataType).alias("_src"),
+    moved_away = ev.where(((F.col("_op") == "U") & (~F.col("__pgpoll_ok").eqNullSafe(F.col("__pgpoll_nk")))) | (F.col("_op") == "D")).select(
+        F.col("__pgpoll_ok").alias("__pgpoll_k"), "_commit_lsn", "_seq", F.lit(0).alias("__pgpoll_sub"), F.lit(False).alias("__pgpoll_alive"), *gone,
+        F.array().cast("array<string>").alias("__pgpoll_toast"), F.lit(None).cast("map<string,string>").alias("__pgpoll_u"),
+        "_commit_ts", F.lit(None).cast(ev.schema["__pgpoll_nk"].dataType).alias("__pgpoll_src"),
     )
     facts = rows.unionByName(moved_away)
     if previous is not None:
         facts = facts.unionByName(previous.select(
-            F.struct(*[F.col(quote(k)).alias(k) for k in key]).alias("_k"),
+            F.struct(*[F.col(quote(k)).alias(k) for k in key],
+                     *[F.element_at(F.coalesce("_untyped", F.create_map().cast("map<string,string>")), F.lit(k))
+                       .alias(f"__pgpoll_raw{i}") for i, k in enumerate(key)]).alias("__pgpoll_k"),
             F.coalesce(F.col("_commit_lsn"), F.lit(-1).cast("bigint")).alias("_commit_lsn"), F.lit(-1).alias("_seq"),
-            F.lit(1).alias("_sub"),
-            F.lit(True).alias("_alive"), *[F.col(quote(n)) for n in names],
-            F.array().cast("array<string>").alias("_toast"), F.col("_untyped").alias("_u"), "_commit_ts",
-            F.lit(None).cast(ev.schema["_nk"].dataType).alias("_src"),
+            F.lit(1).alias("__pgpoll_sub"),
+            F.lit(True).alias("__pgpoll_alive"), *[F.col(quote(n)) for n in names],
+            F.array().cast("array<string>").alias("__pgpoll_toast"), F.col("_untyped").alias("__pgpoll_u"), "_commit_ts",
+            F.lit(None).cast(ev.schema["__pgpoll_nk"].dataType).alias("__pgpoll_src"),
         ))
     toasted = [r[0] for r in events.select(F.explode("_unchanged_toast")).distinct().collect()]
     toasted = [n for n in names if n in toasted]
     unresolved = 0
     if toasted:
         facts, unresolved = _resolve_toast(facts, toasted)
-    order = Window.partitionBy("_k").orderBy(F.desc("_commit_lsn"), F.desc("_seq"), F.desc("_sub"))
-    latest = facts.withColumn("_rank", F.row_number().over(order)).where((F.col("_rank") == 1) & F.col("_alive"))
+    order = Window.partitionBy("__pgpoll_k").orderBy(F.desc("_commit_lsn"), F.desc("_seq"), F.desc("__pgpoll_sub"))
+    latest = facts.withColumn("__pgpoll_rank", F.row_number().over(order)).where((F.col("__pgpoll_rank") == 1) & F.col("__pgpoll_alive"))
     return StateResult(
-        latest.select(*[F.col(quote(n)) for n in names], F.col("_u").alias("_untyped"),
+        latest.select(*[F.col(quote(n)) for n in names], F.col("__pgpoll_u").alias("_untyped"),
                       F.when(F.col("_commit_lsn") >= 0, F.col("_commit_lsn")).alias("_commit_lsn"), "_commit_ts"),
         unresolved,
     )
@@ -206,30 +218,39 @@ def _resolve_toast(facts: Any, toasted: list[str], rounds: int = 8) -> tuple[Any
     from pyspark.sql import functions as F
     from pyspark.sql import Window
 
-    prior = Window.partitionBy("_k").orderBy("_commit_lsn", "_seq", "_sub").rowsBetween(Window.unboundedPreceding, -1)
-    known = {n: f"_kn{i}" for i, n in enumerate(toasted)}
+    prior = Window.partitionBy("__pgpoll_k").orderBy("_commit_lsn", "_seq", "__pgpoll_sub").rowsBetween(Window.unboundedPreceding, -1)
+    known = {n: f"__pgpoll_kn{i}" for i, n in enumerate(toasted)}
+    position = F.struct("_commit_lsn", "_seq", "__pgpoll_sub")
     for n, flag in known.items():
-        facts = facts.withColumn(flag, ~F.array_contains("_toast", n))
-        raw = F.element_at(F.coalesce("_u", F.create_map().cast("map<string,string>")), F.lit(n))
-        facts = facts.withColumn(f"{flag}_raw", raw).withColumn("_u", F.map_filter("_u", _other_than(n)))
+        facts = facts.withColumn(flag, ~F.array_contains("__pgpoll_toast", n))
+        raw = F.element_at(F.coalesce("__pgpoll_u", F.create_map().cast("map<string,string>")), F.lit(n))
+        facts = facts.withColumn(f"{flag}_raw", raw).withColumn("__pgpoll_u", F.map_filter("__pgpoll_u", _other_than(n)))
     previous_unknown = unknown = -1
     for _ in range(rounds):
         for n, flag in known.items():
-            carried = F.last(F.when(F.col(flag), F.struct(F.col(quote(n)).alias("v"), F.col(f"{flag}_raw").alias("r"))),
-                             ignorenulls=True).over(prior)
-            facts = facts.withColumn(f"{flag}_p", carried)
+            # the last known value before this fact at the key — unless a row moved in after it whose own
+            # value is still unresolved (then it waits for the next round); moved-in rows take theirs from the old key
+            carried = F.last(F.when(F.col(flag), F.struct(F.col(quote(n)).alias("v"), F.col(f"{flag}_raw").alias("r"),
+                                                          position.alias("p"))), ignorenulls=True).over(prior)
+            blocker = F.max(F.when(~F.col(flag) & F.col("__pgpoll_src").isNotNull(), position)).over(prior)
+            facts = (
+                facts.withColumn(f"{flag}_c", carried).withColumn(f"{flag}_b", blocker)
+                .withColumn(f"{flag}_p", F.when(F.col(f"{flag}_c").isNotNull() & (
+                    F.col(f"{flag}_b").isNull() | (F.col(f"{flag}_b") < F.col(f"{flag}_c")["p"])), F.col(f"{flag}_c")))
+                .drop(f"{flag}_c", f"{flag}_b")
+            )
         # rows moved to a new key in an UPDATE: their old key's value just before the move
-        sources = facts.where(F.col("_sub") == 0).select(
-            F.col("_k").alias("_src"), F.col("_commit_lsn").alias("_s_lsn"), F.col("_seq").alias("_s_seq"),
+        sources = facts.where(F.col("__pgpoll_sub") == 0).select(
+            F.col("__pgpoll_k").alias("__pgpoll_src"), F.col("_commit_lsn").alias("__pgpoll_s_lsn"), F.col("_seq").alias("__pgpoll_s_seq"),
             *[F.col(f"{flag}_p").alias(f"{flag}_s") for flag in known.values()],
         )
         facts = facts.join(
             sources,
-            (facts["_src"] == sources["_src"]) & (facts["_commit_lsn"] == sources["_s_lsn"]) & (facts["_seq"] == sources["_s_seq"]),
+            (facts["__pgpoll_src"] == sources["__pgpoll_src"]) & (facts["_commit_lsn"] == sources["__pgpoll_s_lsn"]) & (facts["_seq"] == sources["__pgpoll_s_seq"]),
             "left",
-        ).drop(sources["_src"]).drop("_s_lsn", "_s_seq")
+        ).drop(sources["__pgpoll_src"]).drop("__pgpoll_s_lsn", "__pgpoll_s_seq")
         for n, flag in known.items():
-            found = F.when(F.col("_src").isNull(), F.col(f"{flag}_p")).otherwise(F.col(f"{flag}_s"))
+            found = F.when(F.col("__pgpoll_src").isNull(), F.col(f"{flag}_p")).otherwise(F.col(f"{flag}_s"))
             fill = ~F.col(flag) & found.isNotNull()
             facts = (
                 facts.withColumn(n, F.when(fill, found["v"]).otherwise(F.col(quote(n))))
@@ -238,7 +259,7 @@ def _resolve_toast(facts: Any, toasted: list[str], rounds: int = 8) -> tuple[Any
                 .drop(f"{flag}_p", f"{flag}_s")
             )
         facts = facts.localCheckpoint()
-        unknown = facts.where(F.col("_alive") & ~F.array_min(F.array(*[F.col(f) for f in known.values()]))).count()
+        unknown = facts.where(F.col("__pgpoll_alive") & ~F.array_min(F.array(*[F.col(f) for f in known.values()]))).count()
         if unknown == 0 or unknown == previous_unknown:
             break
         previous_unknown = unknown
@@ -246,7 +267,7 @@ def _resolve_toast(facts: Any, toasted: list[str], rounds: int = 8) -> tuple[Any
     for n, flag in known.items():
         entry = F.when(F.col(f"{flag}_raw").isNotNull(), F.create_map(F.lit(n), F.col(f"{flag}_raw")))
         facts = facts.withColumn(
-            "_u", F.when(entry.isNotNull(), F.map_concat(F.coalesce("_u", F.create_map().cast("map<string,string>")), entry))
-            .otherwise(F.col("_u")))
+            "__pgpoll_u", F.when(entry.isNotNull(), F.map_concat(F.coalesce("__pgpoll_u", F.create_map().cast("map<string,string>")), entry))
+            .otherwise(F.col("__pgpoll_u")))
     facts = facts.drop(*known.values(), *[f"{f}_raw" for f in known.values()])
     return facts, max(unknown, 0)

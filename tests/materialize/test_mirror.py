@@ -282,5 +282,6 @@ def test_materialized_tables_mirror_the_source(db_any: Any, spark: Any, tmp_path
     # a full rebuild gives the same state
     code, _tables, err = materialize(str(out), "--full")
     assert code == 0, err
-    for table in ("t_types", "t_toast", "t_full"):
-        _assert_mirror(db, spark, out, table)
+    for table in ("t_types", "t_toast", "t_full", "t_trunc"):
+        if (out / "state" / table_dir_name("public", table)).exists() or db.execute(f"SELECT count(*) FROM {table}")[0][0]:
+            _assert_mirror(db, spark, out, table)
