@@ -25,7 +25,7 @@ from typing import Any, Optional
 from pgpoll.errors import SinkError
 from pgpoll.ingest.task import TableFilter
 from pgpoll.lsn import Lsn
-from pgpoll.materialize.state import StateColumn, materialize
+from pgpoll.materialize.state import StateColumn, StateResult, materialize
 from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CommitLog, CommitRecord
 from pgpoll.sink.filesystem import OutputFilesystem
@@ -99,6 +99,45 @@ def _latest_schema(events: Any, store: SchemaStore, fallback: Optional[str]) -> 
     if fallback is not None:
         return store.load(fallback)
     return max(shapes, key=lambda s: s[0])[1] if shapes else None
+
+
+def _replay_key(shape: TableSchema) -> list[str]:
+    """The key changes of this shape are matched by; empty (a multiset) under REPLICA IDENTITY FULL or without a key."""
+    return [] if shape.identity == IDENTITY_FULL or not shape.key else list(shape.key)
+
+
+def _identity_segments(events: Any, store: SchemaStore) -> list[tuple[tuple[int, int], TableSchema]]:
+    """Where in the changes the way rows are matched (key or multiset) changes: ``[(first position, shape)]``.
+
+    pgoutput's Relation carries the identity a change was written under;
+    test_decoding's shapes carry what the catalog said when the batch was
+    ingested.
+    """
+    from pyspark.sql import functions as F
+
+    rows = (
+        events.where(F.col("_schema_id").isNotNull())
+        .groupBy("_schema_id").agg(F.min(F.struct("_commit_lsn", "_seq")).alias("lo"))
+        .collect()
+    )
+    out: list[tuple[tuple[int, int], TableSchema]] = []
+    for lo, shape in sorted(((tuple(r["lo"]), store.load(r["_schema_id"])) for r in rows), key=lambda x: x[0]):
+        if shape.partial:
+            continue
+        if not out or (not _replay_key(out[-1][1])) != (not _replay_key(shape)):
+            out.append((lo, shape))  # type: ignore[arg-type]
+    return out
+
+
+def _from_condition(start: tuple[int, int]) -> Any:
+    from pyspark.sql import functions as F
+
+    lsn, seq = start
+    return (F.col("_commit_lsn") > lsn) | ((F.col("_commit_lsn") == lsn) & (F.col("_seq") >= seq))
+
+
+def _from(events: Any, start: tuple[int, int]) -> Any:
+    return events.where(_from_condition(start))
 
 
 def _align(previous: Any, columns: list[StateColumn]) -> Any:
@@ -181,9 +220,7 @@ class Materializer:
         if described is None:
             raise SinkError(f"no column description found for {qualified}", "rerun pgpoll materialize --full")
         warnings: list[str] = []
-        key = list(described.key)
-        if described.identity == IDENTITY_FULL or not key:
-            key = []
+        key = _replay_key(described)
         if not described.key:
             warnings.append(
                 f"{qualified} has no replica identity key: its UPDATEs and DELETEs cannot be matched to rows; "
@@ -194,7 +231,18 @@ class Materializer:
         renamed = {c.name: s.name for c, s in zip(described.columns, columns)}
         key = [renamed.get(k, k) for k in key]
         previous = _align(self.spark.read.parquet(target), columns) if marker else None
-        result = materialize(events, previous, columns, key)
+        segments = _identity_segments(events, self.store) if events is not None else []
+        if len(segments) > 1:  # the table's replica identity changed: replay each stretch the way it was written
+            unresolved = 0
+            for i, (start, shape) in enumerate(segments):
+                stretch = _from(events, start) if i else events
+                if i + 1 < len(segments):
+                    stretch = stretch.where(~_from_condition(segments[i + 1][0]))
+                part = materialize(stretch, previous, columns, [renamed.get(k, k) for k in _replay_key(shape)])
+                previous, unresolved = part.frame.localCheckpoint(), unresolved + part.unresolved_toast
+            result = StateResult(previous, unresolved)
+        else:
+            result = materialize(events, previous, columns, key)
         if result.unresolved_toast:
             warnings.append(
                 f"{qualified}: {result.unresolved_toast} row(s) keep an unchanged TOAST value that predates the captured "
