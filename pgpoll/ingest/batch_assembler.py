@@ -191,7 +191,7 @@ class BatchAssembler:
         toast = list(event.unchanged_toast)
         if self.row_filters is not None and self.row_filters.applies_to(event.schema, event.table):
             types = {c.name: c.type_name or "text" for c in event.columns}
-            kept = self.row_filters.transform(letter, event.schema, event.table, before, after, types, ())
+            kept = self.row_filters.transform(letter, event.schema, event.table, before, after, types)
             if kept is None:
                 return  # the filter leaves this change out, as a publication's row filter would
             letter, before, after = kept

@@ -288,14 +288,11 @@ class TableFilters:
         before: Optional[Mapping[str, Optional[str]]],
         after: Optional[Mapping[str, Optional[str]]],
         types: Mapping[str, str],
-        key_columns: Sequence[str],
     ) -> Optional[tuple[str, Optional[Mapping[str, Optional[str]]], Optional[Mapping[str, Optional[str]]]]]:
         """The change to emit as ``(op, before, after)``, or None to drop it (see the module docstring).
 
-        ``key_columns`` (the replica identity key from ``check_row_filters``)
-        is not needed by PostgreSQL's rule and is accepted for the caller's
-        symmetry; filters on non-key columns are refused at start-up unless
-        the identity is FULL.
+        Filters on non-key columns are refused at start-up unless the
+        identity is FULL, so the old row's filtered columns are always known.
         """
         op = str(getattr(op, "value", op))
         if op not in ("I", "U", "D") or not self.applies_to(schema, table):

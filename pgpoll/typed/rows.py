@@ -201,14 +201,9 @@ def _typed_columns(
     untyped: list[list[tuple[str, str]]], prefix: str,
 ) -> list[pa.Array]:
     arrays: list[pa.Array] = []
-    none: Mapping[str, str] = {}
     for phys, name, t in layout.columns:
-        texts: list[Optional[str]] = []
-        for sid, image in zip(sids, images):
-            value = None
-            if image is not None and sid is not None and layout.physical.get(sid, none).get(name) == phys:
-                value = image.get(name)
-            texts.append(value)
+        holders = {sid for sid, names in layout.physical.items() if names.get(name) == phys}
+        texts = [image.get(name) if image is not None and sid in holders else None for sid, image in zip(sids, images)]
         array, fallback = to_arrow(t, texts)
         for i in fallback:
             text = texts[i]

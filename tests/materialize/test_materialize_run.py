@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.ingest.conftest import ingest
+from tests.ingest.conftest import capture_args, ingest
 from tests.materialize.conftest import materialize, state_rows
 
 
@@ -17,13 +17,8 @@ def _setup(db: Any, plugin: str, identity: str = "") -> tuple[str, list[str]]:
     db.execute("CREATE TABLE t (id int PRIMARY KEY, name text, big text, n numeric(10,2))")
     if identity:
         db.execute(f"ALTER TABLE t REPLICA IDENTITY {identity}")
-    slot = db.slot_name()
-    db.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, %s)", (slot, plugin))
-    extra: list[str] = []
-    if plugin == "pgoutput":
-        db.execute("CREATE PUBLICATION p FOR TABLE t")
-        extra = ["--publication", "p"]
-    return slot, extra
+    args = capture_args(db, plugin, "t")
+    return args[1], args[2:]
 
 
 def _source(db: Any) -> list[dict[str, Any]]:
@@ -128,12 +123,8 @@ def test_a_batch_of_deletes_only_keeps_the_other_columns(db: Any, spark: Any, tm
 def test_keys_holding_values_the_typed_column_cannot_hold_stay_apart(db: Any, spark: Any, tmp_path: Path, plugin: str) -> None:
     db.require_plugin(plugin)
     db.execute("CREATE TABLE v (id int, valid_to date, note text, PRIMARY KEY (id, valid_to))")
-    slot = db.slot_name()
-    db.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, %s)", (slot, plugin))
-    extra: list[str] = []
-    if plugin == "pgoutput":
-        db.execute("CREATE PUBLICATION pv FOR TABLE v")
-        extra = ["--publication", "pv"]
+    args = capture_args(db, plugin, "v")
+    slot, extra = args[1], args[2:]
     out = str(tmp_path / "out")
     db.execute("INSERT INTO v VALUES (1, 'infinity', 'a'), (1, '-infinity', 'b'), (1, '2024-01-01', 'c')")
     db.execute("UPDATE v SET note = 'a2' WHERE valid_to = 'infinity'")

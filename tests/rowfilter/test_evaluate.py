@@ -127,7 +127,7 @@ T_TYPES = {"id": "integer", "s": "text", "big": "text"}
 
 
 def tr(op: str, before: Optional[dict[str, Optional[str]]], after: Optional[dict[str, Optional[str]]]) -> object:
-    return FILTERS.transform(op, "public", "t", before, after, T_TYPES, ["id"])
+    return FILTERS.transform(op, "public", "t", before, after, T_TYPES)
 
 
 def test_insert_and_delete() -> None:
@@ -161,7 +161,7 @@ def test_update_to_insert_fills_unchanged_toast_from_the_old_row() -> None:
 
 def test_truncate_and_unfiltered_tables_pass_through() -> None:
     assert tr("T", None, None) == ("T", None, None)
-    assert FILTERS.transform("I", "public", "other", None, {"id": "1"}, {"id": "integer"}, []) == (
+    assert FILTERS.transform("I", "public", "other", None, {"id": "1"}, {"id": "integer"}) == (
         "I", None, {"id": "1"})
     assert FILTERS.applies_to("public", "t") and not FILTERS.applies_to("s", "t")
 

@@ -160,7 +160,7 @@ def _run_oracle(db: Any, table: str, identity_full: bool, filters: list[str], wo
     got = []
     for c in _changes(conn, td, "test_decoding", pubs):
         types = {col.name: col.type_name or "" for col in c.columns}
-        kept = table_filters.transform(c.op.value, c.schema, c.table, c.before, c.after, types, keys[("public", table)])
+        kept = table_filters.transform(c.op.value, c.schema, c.table, c.before, c.after, types)
         if kept is not None:
             op, before, after = kept
             got.append((op, _key(before, key), dict(after) if after is not None else None))
