@@ -26,18 +26,20 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any
 
 import psycopg2
 import psycopg2.extensions
 from psycopg2 import sql
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "pgoutput"
-_SITE = "/tmp/venvtest/lib/python3.11/site-packages"
+_SITE = sysconfig.get_paths()["purelib"]  # the running interpreter's site-packages (the PostgreSQL wheels)
 KNOWN_BINDIRS = [
     "/usr/lib/postgresql/15/bin",
     f"{_SITE}/pgserver/pginstall/bin",
@@ -121,7 +123,7 @@ class Db:
     major: int
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def run(self, query: Union[str, sql.Composable], params: Optional[Sequence[Any]] = None) -> list[tuple[Any, ...]]:
+    def run(self, query: str | sql.Composable, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         with self.conn.cursor() as cur:
             cur.execute(query, params)
             return cur.fetchall() if cur.description else []
@@ -193,7 +195,7 @@ def case_replica_identity(db: Db) -> None:
 def case_truncate(db: Db) -> None:
     for t in ("tr_parent", "tr_child", "tr_other"):
         db.relid(t)
-    for label, sql in [
+    for label, statement in [
         ("plain", "TRUNCATE tr_other"),
         ("cascade", "TRUNCATE tr_parent CASCADE"),
         ("restart", "TRUNCATE tr_other RESTART IDENTITY"),
@@ -201,7 +203,7 @@ def case_truncate(db: Db) -> None:
     ]:
         db.run("BEGIN")
         db.xid(label)
-        db.run(sql)
+        db.run(statement)
         db.run("COMMIT")
 
 
@@ -402,7 +404,7 @@ def _peek(reader: Conn, slot: str, case: Case, major: int) -> Iterator[dict[str,
         cur.execute(SESSION_SETTINGS)
 
 
-def capture(bindir: str, only: Optional[set[str]] = None) -> int:
+def capture(bindir: str, only: set[str] | None = None) -> int:
     cluster = Cluster(bindir)
     try:
         writer, reader = cluster.connect(), cluster.connect()
@@ -439,7 +441,7 @@ def capture(bindir: str, only: Optional[set[str]] = None) -> int:
         cluster.stop()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bindir", action="append", help="PostgreSQL bin directory (repeatable)")
     parser.add_argument("--case", action="append", help="capture only these cases")

@@ -12,8 +12,8 @@ from the SQL below.
 
 Usage (re-runnable; it overwrites the files of the versions it captures)::
 
-    /tmp/venvtest/bin/python tests/decode/capture_test_decoding_golden.py
-    /tmp/venvtest/bin/python tests/decode/capture_test_decoding_golden.py --major 15
+    .venv/bin/python tests/decode/capture_test_decoding_golden.py
+    .venv/bin/python tests/decode/capture_test_decoding_golden.py --major 15
 """
 
 from __future__ import annotations
@@ -22,16 +22,17 @@ import argparse
 import json
 import sys
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, TypeAlias
+from typing import Any, TypeAlias
 
 import psycopg2
 import psycopg2.extensions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs  # noqa: E402
+from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "test_decoding"
 SESSION_SETTINGS = (
@@ -223,12 +224,12 @@ def _case(
                 "SELECT pg_create_logical_replication_slot(%s, 'test_decoding', false, %s)",
                 (slot, twophase),
             )
-            started = datetime.now(timezone.utc)
+            started = datetime.now(UTC)
             for statement in statements:
                 cur.execute(statement)
             cur.execute("SELECT pg_switch_wal()")  # flushes the non-transactional message
             time.sleep(0.2)
-            finished = datetime.now(timezone.utc)
+            finished = datetime.now(UTC)
         for variant, options in variants.items():
             rows = _peek(dsn, slot, options, work_mem)
             meta = {

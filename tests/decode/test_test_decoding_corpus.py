@@ -1,11 +1,11 @@
-"""Every line of the shared corpus of real test_decoding output must decode.
+"""Every line of the corpus of real test_decoding output must decode.
 
-The corpus (``corpus/test_decoding/lines.jsonl``: lines from PostgreSQL's
-``contrib/test_decoding/expected/*.out``) lives in the shared directory beside
-the clone (``<repo>/../shared``), or where ``PGPOLL_CORPUS`` points (the
-``lines.jsonl`` file, or a directory holding it, or ``test_decoding/lines.jsonl``,
-or ``corpus/test_decoding/lines.jsonl``). A missing corpus is a failure, not a
-skip: CI always has it.
+The corpus (``lines.jsonl``: lines from PostgreSQL's
+``contrib/test_decoding/expected/*.out``, see ``corpus/test_decoding/README.md``)
+is vendored beside this test, so a fresh clone anywhere has it. ``PGPOLL_CORPUS``
+may point at another copy (the ``lines.jsonl`` file, or a directory holding it,
+or ``test_decoding/lines.jsonl``, or ``corpus/test_decoding/lines.jsonl``); it is
+looked at first. A missing corpus is a failure, not a skip.
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ from pgpoll.changes import (
     StreamStop,
     Truncate,
 )
-from pgpoll.decode.test_decoding import TestDecodingDecoder
+from pgpoll.decode.text_decoder import TestDecodingDecoder
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 _SUFFIXES = ("", "lines.jsonl", "test_decoding/lines.jsonl", "corpus/test_decoding/lines.jsonl")
 
 
 def _candidates() -> list[Path]:
     env = os.environ.get("PGPOLL_CORPUS")
     bases = [Path(env)] if env else []
-    bases.append(REPO_ROOT.parent / "shared")
+    bases.append(CORPUS_DIR)
     return [base / suffix if suffix else base for base in bases for suffix in _SUFFIXES]
 
 
@@ -157,8 +157,8 @@ def test_missing_corpus_fails_and_says_where_it_looked(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("PGPOLL_CORPUS", str(tmp_path / "nowhere"))
-    monkeypatch.setitem(globals(), "REPO_ROOT", tmp_path / "clone")
+    monkeypatch.setitem(globals(), "CORPUS_DIR", tmp_path / "clone" / "tests" / "decode" / "corpus")
     with pytest.raises(pytest.fail.Exception) as err:
         _corpus_path()
     assert str(tmp_path / "nowhere") in str(err.value)
-    assert str(tmp_path / "shared" / "corpus" / "test_decoding" / "lines.jsonl") in str(err.value)
+    assert str(tmp_path / "clone" / "tests" / "decode" / "corpus" / "test_decoding" / "lines.jsonl") in str(err.value)

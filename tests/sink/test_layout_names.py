@@ -13,7 +13,7 @@ HOSTILE = [
     ("public", "we.ird"),
     ("My Schema", "we.ird/t[1]"),
     ("a.b", "c.d.e"),
-    ("s", "../../etc/passwd"),
+    ("s", "../../etc/passwd"),  # checkout-paths: data (a hostile name)
     ("s", "100%"),
     ("s", "%41"),  # looks escaped already
     ("s", "with space"),
