@@ -13,7 +13,7 @@ help:
 	@echo "make demo   - set up .venv, start a throwaway PostgreSQL, fill a slot and show it"
 	@echo "make test   - set up .venv and run the whole test suite"
 	@echo "make bench  - run the benchmarks and print their figures"
-	@echo "make dist   - build dist/: the wheel, pgpoll.zip for spark-submit --py-files, ingest.py and materialize.py"
+	@echo "make dist   - build dist/: the wheel, pgpoll.zip for spark-submit --py-files, ingest.py, materialize.py, log4j2.properties"
 	@echo "make airflow-venv - Apache Airflow 3 and its Spark provider in .venv-airflow (apart from .venv), for the DAG test"
 	@echo "make clean  - remove .venv and build leftovers"
 
@@ -44,7 +44,17 @@ test: install
 	  echo "note: could not build $(AIRFLOW_VENV) (Apache Airflow from PyPI): the Airflow DAG tests will skip"; fi
 	PGPOLL_TEST_AIRFLOW=$$([ "$(AIRFLOW)" = 1 ] && [ -f $(AIRFLOW_VENV)/.installed ] && echo 1) $(PY) -m pytest
 
-demo: install
+# The demo needs pgpoll itself and DuckDB (to read back what it wrote), not the test-only PostgreSQL
+# wheels of the `matrix` extra: it runs on the system's PostgreSQL (Debian: apt-get install postgresql).
+# After `make test` the same .venv already holds all of it (pip then installs nothing).
+$(VENV)/.demo-installed: pyproject.toml | prereqs
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e . "duckdb>=1.0"
+	@touch $@
+
+demo: prereqs $(VENV)/.demo-installed
+	@$(PY) -m pgpoll.testing.prereqs
 	$(PY) -m pgpoll.testing.demo
 
 bench: install
@@ -58,12 +68,13 @@ bench: install
 DIST ?= dist
 dist: $(VENV)/.installed
 	@mkdir -p $(DIST)
-	rm -rf build $(DIST)/pgpoll-*.whl $(DIST)/pgpoll.zip $(DIST)/ingest.py $(DIST)/materialize.py  # a stale build/ puts deleted modules in the wheel
+	rm -rf build $(DIST)/pgpoll-*.whl $(DIST)/pgpoll.zip $(DIST)/ingest.py $(DIST)/materialize.py $(DIST)/log4j2.properties  # a stale build/ puts deleted modules in the wheel
 	$(PY) -m pip wheel -q --no-deps --wheel-dir $(DIST) .
 	cp $(DIST)/pgpoll-*-py3-none-any.whl $(DIST)/pgpoll.zip
 	cp jobs/ingest.py $(DIST)/ingest.py
 	cp jobs/materialize.py $(DIST)/materialize.py
-	@echo "built $(DIST)/: $$(cd $(DIST) && ls pgpoll-*.whl) pgpoll.zip ingest.py materialize.py"
+	cp pgpoll/spark/log4j2.properties $(DIST)/log4j2.properties
+	@echo "built $(DIST)/: $$(cd $(DIST) && ls pgpoll-*.whl) pgpoll.zip ingest.py materialize.py log4j2.properties"
 
 # Airflow pins many packages, so it gets its own virtualenv. Airflow's constraint files are on GitHub;
 # where that is reachable, pass one: make airflow-venv AIRFLOW_CONSTRAINTS=https://.../constraints-3.11.txt

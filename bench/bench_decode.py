@@ -29,14 +29,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import psycopg2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pgpoll.decode.pgoutput import PgoutputDecoder  # noqa: E402
+from pgpoll.decode.pgoutput_decoder import PgoutputDecoder
 
 SLOT = "pgpoll_bench_slot"
 PUBLICATION = "pgpoll_bench_pub"
@@ -177,7 +178,7 @@ def run(dsn: str, changes: int, repeat: int = 3) -> None:
         decoded = _decode_fast(rows)
         fast = _best(repeat, lambda: _decode_fast(rows))
         events = _best(repeat, lambda: _decode_events(rows))
-        del rows
+        rows.clear()  # free the fetched rows before printing
         for label, secs in (("decode (fast path, decode_row)", fast), ("decode (events, decode)", events)):
             print(
                 f"{label}: {secs:.2f}s (best of {repeat}), {decoded / secs:,.0f} changes/s,"
@@ -189,7 +190,7 @@ def run(dsn: str, changes: int, repeat: int = 3) -> None:
         conn.close()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="pgoutput decode benchmark")
     parser.add_argument("--changes", type=int, default=1_000_000, help="rows to insert (default 1,000,000)")
     parser.add_argument("--dsn", help="use this server instead of starting a throwaway one")

@@ -1,14 +1,24 @@
 """Benchmark: drain a backlog end to end and compare with the server's own decode time.
 
-Prints, from one run on one throwaway server: the server's decode time
-(``count(*)`` over the same peek), ``pg_recvlogical`` writing the same backlog
-to a file, pgpoll end to end (a real ``jobs/ingest.py`` process, its own Spark),
-pgpoll's time for an empty run (Spark start-up, subtracted), the ratio to the
-server, and the batch task's peak memory for one 200k-row and one 2M-row
-transaction. Goals (issue 4): end to end within 1.5x the server's decode time;
-peak memory for the 2M-row transaction at most 1.25x that of the 200k-row one.
+Prints, from runs on one throwaway server, side by side: the server's decode
+time (``count(*)`` over the same peek), ``pg_recvlogical`` writing the same
+backlog to a file, pgpoll end to end (a real ``jobs/ingest.py`` process, its
+own Spark), plain and with ``--typed-tables``, pgpoll's time for an empty run
+(Spark start-up), and the two gate metrics of the throughput issue:
 
-    python bench/bench_ingest.py [--changes 1000000] [--plugin pgoutput] [--skip-memory]
+* **gate** = (drain time - empty run) / server decode (goal <= 3x);
+* **typed / plain** = (typed drain - empty run) / (plain drain - empty run) (goal <= 1.25x).
+
+Where the time goes, in this process without Spark on the same peek: the
+batch task's fetch + decode + Arrow columns alone, and the same plus pyarrow's
+Parquet writer (the task's own writer, ``pgpoll.ingest.task.write_batch``).
+Also the batch task's peak memory for one 200k-row and one 2M-row transaction
+(goal: the 2M one at most 1.25x the 200k one). ``--writer spark`` runs pgpoll
+with ``PGPOLL_WRITER=spark`` (Spark's Parquet writer behind ``mapInArrow``,
+the fallback path) to compare the two writers; ``--repeat N`` takes medians.
+
+    python bench/bench_ingest.py [--changes 1000000] [--plugin pgoutput] [--repeat 1] [--writer auto|spark]
+                                 [--skip-memory] [--skip-typed] [--skip-task]
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,11 +48,13 @@ def _sql(conn: Any, query: str, params: Any = None) -> list[tuple[Any, ...]]:
         return cur.fetchall() if cur.description else []
 
 
-def _ingest(dsn: str, slot: str, output: str, plugin: str, batch: int) -> tuple[float, dict[str, Any]]:
+def _ingest(dsn: str, slot: str, output: str, plugin: str, batch: int, *extra: str,
+            writer: str = "auto") -> tuple[float, dict[str, Any]]:
     args = [sys.executable, str(REPO / "jobs" / "ingest.py"), "--slot", slot, "--output", output, "--batch-changes", str(batch)]
     if plugin == "pgoutput":
         args += ["--publication", "bench_pub"]
-    env = dict(os.environ, PGPOLL_DSN=dsn, PYSPARK_PYTHON=sys.executable)
+    args += list(extra)
+    env = dict(os.environ, PGPOLL_DSN=dsn, PYSPARK_PYTHON=sys.executable, PGPOLL_WRITER=writer)
     started = time.perf_counter()
     proc = subprocess.run(args, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - started
@@ -56,7 +69,8 @@ def _slot(conn: Any, name: str, plugin: str) -> None:
 
 def _fresh_table(conn: Any) -> None:
     """The 5-column table ``bench`` and its publication, new and empty."""
-    _sql(conn, "DROP TABLE IF EXISTS bench; CREATE TABLE bench (id bigint PRIMARY KEY, a bigint, b text, c numeric, d timestamptz)")
+    _sql(conn, "DROP TABLE IF EXISTS bench; "
+               "CREATE TABLE bench (id bigint PRIMARY KEY, a bigint, b text, c numeric, d timestamptz)")
     _sql(conn, "DROP PUBLICATION IF EXISTS bench_pub; CREATE PUBLICATION bench_pub FOR TABLE bench")
 
 
@@ -66,14 +80,45 @@ def _fill(conn: Any, rows: int, per_txn: int, start: int = 0) -> None:
         _sql(conn, "INSERT INTO bench SELECT g, g * 2, 'name-' || g, g * 1.5, now() FROM generate_series(%s, %s) g", (lo, hi))
 
 
-def measure_backlog(cluster: ThrowawayCluster, changes: int, plugin: str, work: Path, run: int = 0) -> dict[str, Any]:
-    """Server decode, pg_recvlogical and pgpoll end to end on one backlog (``run`` keeps slot names apart)."""
+def measure_task(dsn: str, slot: str, plugin: str, work: Path) -> dict[str, float]:
+    """The batch task without Spark on ``slot`` (peeked, never advanced): decode alone, then decode + pyarrow write."""
+    from pgpoll.ingest.task import BatchOutcome, BatchSpec, iter_batch, write_batch
+    from pgpoll.sink.parquet_writer import StagingTarget
+    from pgpoll.source.slots import peek_options
+
+    options = tuple(peek_options(plugin, publications=["bench_pub"] if plugin == "pgoutput" else None))
+    spec = BatchSpec(dsn=dsn, slot=slot, plugin=plugin, options=options, upto_nchanges=None, high_water_mark=None)
+    started = time.perf_counter()
+    rows = sum(batch.num_rows for batch in iter_batch(spec, BatchOutcome()))
+    decode_s = time.perf_counter() - started
+    target = work / f"task_{slot}"
+    spec = BatchSpec(dsn=dsn, slot=slot, plugin=plugin, options=options, upto_nchanges=None, high_water_mark=None,
+                     target=StagingTarget(str(target / "envelope")))
+    started = time.perf_counter()
+    outcome = BatchOutcome()
+    write_batch(spec, outcome)
+    write_s = time.perf_counter() - started
+    if outcome.error is not None:
+        raise SystemExit(f"task failed: {outcome.error}")
+    shutil.rmtree(target, ignore_errors=True)
+    return {"task_rows": rows, "task_decode_s": decode_s, "task_write_s": write_s}
+
+
+def measure_backlog(
+    cluster: ThrowawayCluster, changes: int, plugin: str, work: Path, run: int = 0, *, typed: bool = True,
+    task: bool = True, writer: str = "auto",
+) -> dict[str, Any]:
+    """Server decode, pg_recvlogical and pgpoll end to end on one backlog (``run`` keeps slot names apart).
+
+    ``typed`` adds a ``--typed-tables`` drain of the same backlog; ``task``
+    the batch task's own times without Spark (:func:`measure_task`).
+    """
     dsn = cluster.dsn()
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     _fresh_table(conn)
     tag = f"{plugin[:2]}{changes}r{run}"
-    for name in (f"srv_{tag}", f"rcv_{tag}", f"pgp_{tag}", f"nil_{tag}"):
+    for name in (f"srv_{tag}", f"rcv_{tag}", f"pgp_{tag}", f"nil_{tag}", *([f"typ_{tag}"] if typed else [])):
         _slot(conn, name, plugin)
     _sql(conn, "SELECT pg_drop_replication_slot(%s)", (f"nil_{tag}",))
     _fill(conn, changes, 10_000)
@@ -81,7 +126,10 @@ def measure_backlog(cluster: ThrowawayCluster, changes: int, plugin: str, work: 
     end_lsn = _sql(conn, "SELECT pg_current_wal_lsn()::text")[0][0]
 
     if plugin == "pgoutput":
-        peek = "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', 'publication_names', 'bench_pub', 'messages', 'true')"
+        peek = (
+            "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
+            "'proto_version', '1', 'publication_names', 'bench_pub', 'messages', 'true')"
+        )
     else:
         peek = "SELECT count(*) FROM pg_logical_slot_peek_changes(%s, NULL, NULL, 'include-xids', '1', 'include-timestamp', '1')"
     started = time.perf_counter()
@@ -91,27 +139,41 @@ def measure_backlog(cluster: ThrowawayCluster, changes: int, plugin: str, work: 
     recv = shutil.which("pg_recvlogical", path=str(cluster.installation.bindir)) or shutil.which("pg_recvlogical")
     recv_s = None
     if recv:
-        cmd = [recv, "-d", dsn, "--slot", f"rcv_{tag}", "--start", "--endpos", end_lsn, "--no-loop", "-f", str(work / f"{tag}.out")]
+        cmd = [
+            recv, "-d", dsn, "--slot", f"rcv_{tag}", "--start", "--endpos", end_lsn, "--no-loop",
+            "-f", str(work / f"{tag}.out"),
+        ]
         if plugin == "pgoutput":
             cmd += ["-o", "proto_version=1", "-o", "publication_names=bench_pub"]
         started = time.perf_counter()
         subprocess.run(cmd, check=True, capture_output=True)
         recv_s = time.perf_counter() - started
 
-    empty_s, _ = _ingest(dsn, f"nil_{tag}", str(work / f"nil_{tag}"), plugin, changes * 3)
-    full_s, summary = _ingest(dsn, f"pgp_{tag}", str(work / f"pgp_{tag}"), plugin, changes * 3)
-    for name in (f"srv_{tag}", f"rcv_{tag}", f"nil_{tag}", f"pgp_{tag}"):  # leave no slot pinning WAL for the next run
-        _sql(conn, "SELECT pg_drop_replication_slot(%s)", (name,))
+    empty_s, _ = _ingest(dsn, f"nil_{tag}", str(work / f"nil_{tag}"), plugin, changes * 3, writer=writer)
+    full_s, summary = _ingest(dsn, f"pgp_{tag}", str(work / f"pgp_{tag}"), plugin, changes * 3, writer=writer)
+    shutil.rmtree(work / f"pgp_{tag}", ignore_errors=True)
+    result: dict[str, Any] = {}
+    if typed:
+        typed_s, typed_summary = _ingest(dsn, f"typ_{tag}", str(work / f"typ_{tag}"), plugin, changes * 3,
+                                         "--typed-tables", writer=writer)
+        shutil.rmtree(work / f"typ_{tag}", ignore_errors=True)
+        result.update(typed_s=typed_s, typed_net_s=typed_s - empty_s, typed_batch_s=typed_summary["batch_seconds"],
+                      typed_ratio=(typed_s - empty_s) / max(full_s - empty_s, 1e-9))
+    if task:
+        result.update(measure_task(dsn, f"srv_{tag}", plugin, work))
+    for name in (f"srv_{tag}", f"rcv_{tag}", f"nil_{tag}", f"pgp_{tag}", *([f"typ_{tag}"] if typed else [])):
+        _sql(conn, "SELECT pg_drop_replication_slot(%s)", (name,))  # leave no slot pinning WAL for the next run
     conn.close()
     net = full_s - empty_s
-    return {
+    result.update({
         "plugin": plugin, "changes": changes, "peek_rows": rows, "server_s": server_s, "recvlogical_s": recv_s,
         "pgpoll_s": full_s, "pgpoll_empty_s": empty_s, "pgpoll_net_s": net, "ratio": net / server_s,
-        "written": summary["changes"], "batch_s": summary["batch_seconds"],
-    }
+        "written": summary["changes"], "batch_s": summary["batch_seconds"], "writer": summary.get("writer"),
+    })
+    return result
 
 
-def measure_memory(cluster: ThrowawayCluster, rows: int, plugin: str, work: Path) -> int:
+def measure_memory(cluster: ThrowawayCluster, rows: int, plugin: str, work: Path, writer: str = "auto") -> int:
     """Peak RSS (kB) of the batch task for one transaction of ``rows`` rows."""
     dsn = cluster.dsn()
     conn = psycopg2.connect(dsn)
@@ -121,35 +183,67 @@ def measure_memory(cluster: ThrowawayCluster, rows: int, plugin: str, work: Path
     _slot(conn, slot, plugin)
     _fill(conn, rows, rows)
     conn.close()
-    _s, summary = _ingest(dsn, slot, str(work / slot), plugin, rows * 3)
+    _s, summary = _ingest(dsn, slot, str(work / slot), plugin, rows * 3, writer=writer)
     return int(summary["task_peak_rss_kb"])
+
+
+def median(runs: list[dict[str, Any]], key: str) -> float | None:
+    """The median of ``key`` over the runs that have it."""
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
 
 
 def main() -> None:
     """Run the benchmark and print its figures."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--changes", type=int, default=1_000_000)
     parser.add_argument("--plugin", choices=["pgoutput", "test_decoding"], default="pgoutput")
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--writer", choices=["auto", "pyarrow", "spark"], default="auto")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--skip-typed", action="store_true")
+    parser.add_argument("--skip-task", action="store_true")
     args = parser.parse_args()
     found = find_bindirs()
     inst = found.get(15) or found[max(found)]
     cluster = ThrowawayCluster(inst, settings={"max_wal_size": "4GB", "work_mem": "64MB"}).start()
     work = Path(tempfile.mkdtemp(prefix="pgpoll-bench-"))
+    load_before = os.getloadavg()[0]
     try:
-        r = measure_backlog(cluster, args.changes, args.plugin, work)
-        print(f"PostgreSQL {inst.version}, plugin {r['plugin']}, backlog {r['changes']:,} changes ({r['peek_rows']:,} peek rows)")
-        print(f"  server decode (count(*) over the peek): {r['server_s']:.2f} s")
-        if r["recvlogical_s"] is not None:
-            print(f"  pg_recvlogical to a file:               {r['recvlogical_s']:.2f} s")
-        print(f"  pgpoll end to end:                      {r['pgpoll_s']:.2f} s (empty run {r['pgpoll_empty_s']:.2f} s)")
-        print(f"  pgpoll without Spark start-up:          {r['pgpoll_net_s']:.2f} s = {r['ratio']:.2f}x the server (goal <= 1.5x)")
-        print(f"  pgpoll's own batch time (peek, decode, write, commit, advance): {r['batch_s']:.2f} s = "
-              f"{r['batch_s'] / r['server_s']:.2f}x the server")
+        runs = [
+            measure_backlog(cluster, args.changes, args.plugin, work, run, typed=not args.skip_typed,
+                            task=not args.skip_task, writer=args.writer)
+            for run in range(args.repeat)
+        ]
+        r = runs[0]
+
+        def m(key: str) -> float:
+            value = median(runs, key)
+            return float("nan") if value is None else value
+
+        print(f"PostgreSQL {inst.version}, plugin {r['plugin']}, backlog {r['changes']:,} changes ({r['peek_rows']:,} peek "
+              f"rows), writer {r['writer']}; medians of {args.repeat} run(s); {os.cpu_count()} cores, load average "
+              f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+        print(f"  server decode (count(*) over the peek): {m('server_s'):.2f} s")
+        if median(runs, "recvlogical_s") is not None:
+            print(f"  pg_recvlogical to a file:               {m('recvlogical_s'):.2f} s")
+        print(f"  pgpoll empty run:                       {m('pgpoll_empty_s'):.2f} s")
+        print(f"  pgpoll drain, plain:                    {m('pgpoll_s'):.2f} s (batches {m('batch_s'):.2f} s)")
+        if not args.skip_typed:
+            print(f"  pgpoll drain, --typed-tables:           {m('typed_s'):.2f} s (batches {m('typed_batch_s'):.2f} s)")
+        gate = f"  GATE (drain - empty run) / server:      {m('ratio'):.2f}x (goal <= 3x)"
+        if not args.skip_typed:
+            gate += f"   |   typed / plain (net of the empty run): {m('typed_ratio'):.2f}x (goal <= 1.25x)"
+        print(gate)
+        if not args.skip_task:
+            print(f"  where the time goes (no Spark, same peek, {r['task_rows']:,} rows): task fetch+decode+Arrow "
+                  f"{m('task_decode_s'):.2f} s; the same with pyarrow's Parquet write (on its thread) {m('task_write_s'):.2f} s; "
+                  f"the rest of the "
+                  f"plain drain's batch time (Spark job, publish, advance) {m('batch_s') - m('task_write_s'):.2f} s")
         print(f"  changes written: {r['written']:,}")
         if not args.skip_memory:
-            small = measure_memory(cluster, 200_000, args.plugin, work)
-            large = measure_memory(cluster, 2_000_000, args.plugin, work)
+            small = measure_memory(cluster, 200_000, args.plugin, work, args.writer)
+            large = measure_memory(cluster, 2_000_000, args.plugin, work, args.writer)
             print(f"  task peak RSS, one 200k-row transaction: {small / 1024:.0f} MiB; one 2M-row transaction: "
                   f"{large / 1024:.0f} MiB = {large / small:.2f}x (goal <= 1.25x)")
     finally:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pgpoll.decode.assembler import TransactionAssembler  # noqa: E402
-from pgpoll.decode.test_decoding import TestDecodingDecoder  # noqa: E402
+from pgpoll.decode.assembler import TransactionAssembler
+from pgpoll.decode.text_decoder import TestDecodingDecoder
 
 
 def insert_line(i: int) -> str:

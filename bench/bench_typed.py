@@ -31,15 +31,17 @@ import tempfile
 import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import psycopg2
-
 from bench_ingest import _fill, _fresh_table, _slot, _sql
-from pgpoll.ingest.run import IngestOptions, RunSummary, _spark_session, run_ingest
+
+from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
 from pgpoll.materialize.run import MaterializeOptions, TableState, run_materialize
+from pgpoll.spark.session import spark_session
 from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs
 
 PER_TXN = 10_000
@@ -115,7 +117,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def _ingest(spark: Any, dsn: str, slot: str, output: str, plugin: str, typed: bool,
-            max_changes: Optional[int] = None) -> tuple[float, RunSummary]:
+            max_changes: int | None = None) -> tuple[float, RunSummary]:
     opts = IngestOptions(slot=slot, output=output, plugin=plugin, typed_tables=typed, dsn=dsn, max_changes=max_changes,
                          publications=("bench_pub",) if plugin == "pgoutput" else ())
     return _timed(lambda: run_ingest(opts, spark=spark))
@@ -196,7 +198,7 @@ def main() -> None:
     spark = None
     load_before = os.getloadavg()[0]
     try:
-        spark_s, spark = _timed(_spark_session)
+        spark_s, spark = _timed(lambda: spark_session("pgpoll-bench"))
         results = []
         for plugin in plugins:
             r = measure(cluster, spark, args.changes, plugin, work)

@@ -3,8 +3,11 @@
 For each plugin and backlog size, ``--repeat`` runs side by side on one
 throwaway server — the server's own decode (``count(*)`` over the same peek),
 ``pg_recvlogical`` to a file, pgpoll end to end as a real ``jobs/ingest.py``
-process, and pgpoll on an empty slot (Spark start-up) — then medians, and
-ratios taken per run before their median. Also: the batch task's peak memory
+process, plain and with ``--typed-tables``, and pgpoll on an empty slot
+(Spark start-up) — then medians, and ratios taken per run before their
+median: the gate metric (drain time minus the empty run, over the server's
+decode; goal <= 3x) and typed / plain (both net of the empty run; goal
+<= 1.25x), side by side. Also: the batch task's peak memory
 for one 200k-row and one 2M-row transaction, and an empty ``spark-submit``
 next to an empty pgpoll run.
 
@@ -26,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pyspark
-
 from bench_ingest import measure_backlog, measure_memory
+
 from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs
 
 HERE = Path(__file__).resolve().parent
@@ -72,15 +75,19 @@ def main() -> None:
             for size in sizes:
                 runs = []
                 for run in range(args.repeat):
-                    r = measure_backlog(cluster, size, plugin, work, run)
+                    r = measure_backlog(cluster, size, plugin, work, run, task=False)
                     r["batch_ratio"] = r["batch_s"] / r["server_s"]
                     runs.append(r)
-                    print(f"  {plugin} {size:,} run {run + 1}: server {r['server_s']:.2f} s, pgpoll batches {r['batch_s']:.2f} s",
+                    print(f"  {plugin} {size:,} run {run + 1}: server {r['server_s']:.2f} s, "
+                          f"pgpoll batches {r['batch_s']:.2f} s, gate {r['ratio']:.2f}x, "
+                          f"typed / plain {r['typed_ratio']:.2f}x (writer {r['writer']})",
                           file=sys.stderr, flush=True)
                 rows.append(
                     f"| {plugin} | {size:,} | {_fmt(_median(runs, 'server_s'))} | {_fmt(_median(runs, 'recvlogical_s'))} "
-                    f"| {_fmt(_median(runs, 'pgpoll_s'))} | {_fmt(_median(runs, 'pgpoll_empty_s'))} "
-                    f"| {_fmt(_median(runs, 'batch_s'))} | {_fmt(_median(runs, 'batch_ratio'), 'x')} |"
+                    f"| {_fmt(_median(runs, 'pgpoll_s'))} | {_fmt(_median(runs, 'typed_s'))} "
+                    f"| {_fmt(_median(runs, 'pgpoll_empty_s'))} "
+                    f"| {_fmt(_median(runs, 'batch_s'))} | {_fmt(_median(runs, 'ratio'), 'x')} "
+                    f"| {_fmt(_median(runs, 'typed_ratio'), 'x')} |"
                 )
         memory = ""
         if not args.skip_memory:
@@ -98,8 +105,9 @@ def main() -> None:
         f"Spark {pyspark.__version__}; Python {platform.python_version()}. Medians of {args.repeat} runs; "
         "backlogs of a 5-column table in 10,000-row transactions.",
         "",
-        "| plugin | changes | server decode | pg_recvlogical | pgpoll end to end | pgpoll empty run | pgpoll batches (no Spark start-up) | batches / server |",
-        "|---|---|---|---|---|---|---|---|",
+        "| plugin | changes | server decode | pg_recvlogical | pgpoll end to end | with --typed-tables "
+        "| pgpoll empty run | pgpoll batches | gate: (drain - empty) / server | typed / plain |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         memory + f"An empty `spark-submit` (start a SparkSession, stop it) took {empty_submit:.2f} s.",

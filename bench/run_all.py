@@ -4,7 +4,10 @@ Each benchmark starts its own throwaway PostgreSQL and prints its figures and
 ratios; nothing here asserts anything (tests assert correctness, benchmarks
 measure speed). ``PGPOLL_BENCH_CHANGES`` sets the largest backlog (default 1M),
 ``PGPOLL_BENCH_REPEAT`` the runs per measurement (default 3). The ingest
-report is saved as ``bench/results/report.md``.
+report (``bench/report.py``) shows the gate metric — drain time minus an empty
+run, over the server's decode — and ``--typed-tables`` over plain side by side,
+and is saved as ``bench/results/report.md``. ``PGPOLL_WRITER=spark`` measures
+Spark's Parquet writer (the fallback path) instead of the task's pyarrow one.
 """
 
 from __future__ import annotations

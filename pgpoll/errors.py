@@ -87,6 +87,14 @@ class SlotBusyError(PgpollError):
     """Another consumer holds the slot (or pgpoll's lock for it)."""
 
 
+class FenceLostError(SlotBusyError):
+    """Another run published the commit-log record this run's batch was planned for.
+
+    The batch's staging is removed and the slot is not advanced; batches the
+    run committed before stay committed. Exits like a busy slot.
+    """
+
+
 class SourceError(PgpollError):
     """A precondition on the PostgreSQL side does not hold."""
 
@@ -154,3 +162,19 @@ class DecodeError(PgpollError):
             sqlstate=sqlstate,
         )
         self.offset = offset
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's text (at most ``limit`` characters), or its type's name.
+
+    Driver and JVM errors carry pages of detail; a pgpoll message keeps one line of it
+    (for a py4j error, the Java exception's message rather than py4j's wrapper text).
+    """
+    java = getattr(exc, "java_exception", None)  # a py4j error: the Java exception's own message
+    if java is not None:
+        try:
+            return str(java.toString())[:limit]
+        except Exception:  # pragma: no cover - a dead gateway: fall back to the Python text
+            pass
+    text = str(exc).strip().splitlines()
+    return text[0][:limit] if text and text[0].strip() else type(exc).__name__

@@ -8,7 +8,6 @@ zero-padded form, ``00000016B374D848``, so they sort in LSN order.
 from __future__ import annotations
 
 import re
-from typing import Union
 
 from pgpoll.errors import ConfigError
 
@@ -30,7 +29,7 @@ class Lsn(int):
 
     __slots__ = ()
 
-    def __new__(cls, value: Union[int, str] = 0) -> "Lsn":
+    def __new__(cls, value: int | str = 0) -> Lsn:
         if isinstance(value, str):
             return cls.parse(value)
         if value < 0 or value > _MAX:
@@ -38,7 +37,7 @@ class Lsn(int):
         return super().__new__(cls, value)
 
     @classmethod
-    def parse(cls, text: str) -> "Lsn":
+    def parse(cls, text: str) -> Lsn:
         """Parse ``X/Y`` (PostgreSQL's form) or 16 hex digits (pgpoll's padded form)."""
         text = text.strip()
         m = _TEXT.match(text)
@@ -63,7 +62,7 @@ class Lsn(int):
         return f"{int(self):016X}"
 
 
-def lsn_or_none(value: Union[int, str, None]) -> Lsn | None:
+def lsn_or_none(value: int | str | None) -> Lsn | None:
     """Convert a driver value (``'0/16B1970'``, an int or None) to ``Lsn``."""
     if value is None:
         return None

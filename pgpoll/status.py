@@ -1,17 +1,30 @@
 """``pgpoll status`` as a library: how far each slot is behind, and whether to alert.
 
-Combines the server's view (:mod:`pgpoll.source.status`: position, lag in
+Combines the server's view (:mod:`pgpoll.source.server_state`: position, lag in
 bytes, ``wal_status``, ``safe_wal_size``, active PID) with, given an output
-path, the commit log's (:mod:`pgpoll.sink.commit_log_reader`: high-water mark,
-newest captured commit time). Nothing here starts Spark, takes the run's lock
-or moves a slot.
+path, the commit log's (:mod:`pgpoll.sink.commit_log`: high-water mark,
+newest captured commit time). Nothing here starts Spark, peeks, locks or
+moves a slot, so it can never make a run fail or wait.
 
 Lag in bytes is WAL written since the slot's confirmed position: what the
-next run still has to read (it counts WAL of every database of the server,
-and pgpoll's own heartbeat). Lag in time is the server's clock minus the
-commit time of the newest change in the output: how stale the output is. On a
-source with no writes it keeps growing while nothing is pending, so alert on
-bytes and read the time as freshness.
+next run still has to read (it counts WAL of every database of the server).
+A run that catches up ends with a heartbeat it consumes, so right after it the
+lag in bytes is only the WAL written since.
+
+Lag in time (``lag_seconds``) is 0 when nothing is pending, otherwise an upper
+bound of the age of the oldest change not yet in the output. Every run that
+catches up records, in its last commit-log record, the captured tables'
+cumulative write counters (``pg_stat_user_tables``: inserts, updates,
+deletes) as read before its last peek. When the counters are unchanged,
+nothing captured can be pending: 0. Otherwise every pending change was
+committed after that read, so its age is at most the time since the read
+(``lag_basis`` "counters"). Outputs without such a record (written before this
+version, or the counters could not be read) fall back to the server's clock
+minus the commit time of the newest change in the output (``lag_basis``
+"commit_time"), which grows on an idle source. The counters count aborted
+writes too and are flushed by the server about once a second: both can only
+make the lag look larger, never hide a pending change. TRUNCATE is not
+counted.
 
 The output's position against the slot's ``confirmed_flush_lsn``:
 
@@ -32,19 +45,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any
 
 from pgpoll.errors import ConfigError
 from pgpoll.lsn import Lsn
-from pgpoll.sink.commit_log_reader import CommitLogSummary, summarize
+from pgpoll.sink.commit_log import CommitLog, CommitLogSummary, summarize
+from pgpoll.sink.filesystem import open_output
 from pgpoll.source.connection import ConnectionTarget, connect
+from pgpoll.source.server_state import read_server_state, table_write_counts
 from pgpoll.source.slots import SlotInfo
-from pgpoll.source.status import read_server_state
 
 LOST = "lost"
 LAG = "lag"
 UNRESERVED = "unreserved"
 SLOT_AHEAD = "slot_ahead_of_output"
+
+
+@dataclass(frozen=True)
+class CaughtUp:
+    """The newest run that caught up: when it read the captured tables' write counters, and their values."""
+
+    read_at: datetime
+    counts: dict[str, list[int]]
+
+
+def last_caught_up(output: str) -> CaughtUp | None:
+    """The write counters recorded by the newest run that caught up (None: no such record since the checkpoint)."""
+    state = CommitLog(open_output(output)).state()
+    for record in reversed(state.tail):
+        stats = record.table_stats
+        if stats and isinstance(stats.get("tables"), dict) and stats.get("read_at"):
+            try:
+                read_at = datetime.fromisoformat(str(stats["read_at"]))
+            except ValueError:
+                return None
+            return CaughtUp(read_at, {str(k): [int(x) for x in v] for k, v in stats["tables"].items()})
+    return None
 
 
 @dataclass(frozen=True)
@@ -54,18 +90,35 @@ class SlotStatus:
     info: SlotInfo
     current_lsn: Lsn
     checked_at: datetime
-    output: Optional[CommitLogSummary] = None
+    output: CommitLogSummary | None = None
     alerts: tuple[str, ...] = ()
 
+    caught_up: CaughtUp | None = None
+    current_counts: dict[str, list[int]] | None = None
+
     @property
-    def lag_seconds(self) -> Optional[float]:
-        """Server time minus the commit time of the newest change in the output."""
+    def lag_basis(self) -> str | None:
+        """How :attr:`lag_seconds` was found: "counters" or "commit_time" (see the module doc)."""
+        if self.output is None:
+            return None
+        if self.caught_up is not None and self.current_counts is not None:
+            return "counters"
+        return "commit_time" if self.output.last_commit_ts is not None else None
+
+    @property
+    def lag_seconds(self) -> float | None:
+        """0 when nothing is pending, else an upper bound of the oldest pending change's age (module doc)."""
+        if self.lag_basis == "counters" and self.caught_up is not None and self.current_counts is not None:
+            recorded = self.caught_up.counts
+            if all(self.current_counts.get(table) == counts for table, counts in recorded.items()):
+                return 0.0
+            return round(max(0.0, (self.checked_at - self.caught_up.read_at).total_seconds()), 3)
         if self.output is None or self.output.last_commit_ts is None:
             return None
         return round((self.checked_at - self.output.last_commit_ts).total_seconds(), 3)
 
     @property
-    def position(self) -> Optional[str]:
+    def position(self) -> str | None:
         """The output's high-water mark against the slot's confirmed position (see the module doc)."""
         if self.output is None:
             return None
@@ -77,7 +130,7 @@ class SlotStatus:
         return "in_sync" if confirmed == hwm else SLOT_AHEAD
 
     @property
-    def position_bytes(self) -> Optional[int]:
+    def position_bytes(self) -> int | None:
         """``confirmed_flush_lsn - high_water_mark`` (negative: the slot is behind the output)."""
         if self.output is None or self.output.high_water_mark is None or self.info.confirmed_flush_lsn is None:
             return None
@@ -98,6 +151,7 @@ class SlotStatus:
             "current_lsn": str(self.current_lsn),
             "lag_bytes": self.info.lag_bytes,
             "lag_seconds": self.lag_seconds,
+            "lag_basis": self.lag_basis,
             "checked_at": self.checked_at.isoformat(),
             "alerts": list(self.alerts),
         }
@@ -121,7 +175,7 @@ class StatusReport:
 
     database: str
     slots: tuple[SlotStatus, ...]
-    max_lag_bytes: Optional[int] = None
+    max_lag_bytes: int | None = None
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -135,11 +189,11 @@ class StatusReport:
         return tuple(s for s in self.slots if LAG in s.alerts)
 
 
-def _text(lsn: Optional[Lsn]) -> Optional[str]:
+def _text(lsn: Lsn | None) -> str | None:
     return str(lsn) if lsn is not None else None
 
 
-def _alerts(info: SlotInfo, max_lag_bytes: Optional[int], position: Optional[str]) -> tuple[str, ...]:
+def _alerts(info: SlotInfo, max_lag_bytes: int | None, position: str | None) -> tuple[str, ...]:
     found: list[str] = []
     if info.wal_status == "lost":
         found.append(LOST)
@@ -152,7 +206,7 @@ def _alerts(info: SlotInfo, max_lag_bytes: Optional[int], position: Optional[str
     return tuple(found)
 
 
-def _output_slot(output: CommitLogSummary, slot: Optional[str]) -> str:
+def _output_slot(output: CommitLogSummary, slot: str | None) -> str:
     """The slot whose output this is: ``slot`` when given, else the one the commit log names."""
     if slot is not None:
         return slot
@@ -172,9 +226,9 @@ def _output_slot(output: CommitLogSummary, slot: Optional[str]) -> str:
 def collect_status(
     target: ConnectionTarget,
     *,
-    slot: Optional[str] = None,
-    output: Optional[str] = None,
-    max_lag_bytes: Optional[int] = None,
+    slot: str | None = None,
+    output: str | None = None,
+    max_lag_bytes: int | None = None,
 ) -> StatusReport:
     """The status of the database's logical slots, or of ``slot``, or of the slot feeding ``output``.
 
@@ -188,13 +242,16 @@ def collect_status(
     notes: list[str] = []
     if log_summary is not None and slot is not None and log_summary.slots and slot not in log_summary.slots:
         notes.append(f"the output's commit log names slot(s) {', '.join(log_summary.slots)}, not {slot}")
+    caught_up = last_caught_up(output) if output is not None else None
     conn = connect(target, application_name="pgpoll status")
     try:
         state = read_server_state(conn, wanted)
+        counts = table_write_counts(conn, None) if caught_up is not None else None
     finally:
         conn.close()
     statuses = []
     for info in state.slots:
-        base = SlotStatus(info=info, current_lsn=state.current_lsn, checked_at=state.server_time, output=log_summary)
+        base = SlotStatus(info=info, current_lsn=state.current_lsn, checked_at=state.server_time, output=log_summary,
+                          caught_up=caught_up, current_counts=counts)
         statuses.append(replace(base, alerts=_alerts(info, max_lag_bytes, base.position)))
     return StatusReport(database=state.database, slots=tuple(statuses), max_lag_bytes=max_lag_bytes, notes=tuple(notes))

@@ -37,7 +37,9 @@ def test_padded_form_sorts_as_text() -> None:
     assert Lsn.parse("16/B374D848").padded() == "00000016B374D848"
 
 
-@pytest.mark.parametrize("text", ["", "zzz", "0/G", "1/2/3", "-1/0", "123456789/0", "0/123456789", "0x10", "1/", "/1", "0/16B1970x"])
+@pytest.mark.parametrize(
+    "text", ["", "zzz", "0/G", "1/2/3", "-1/0", "123456789/0", "0/123456789", "0x10", "1/", "/1", "0/16B1970x"]
+)
 def test_parse_refuses_bad_text(text: str) -> None:
     with pytest.raises(ConfigError) as caught:
         Lsn.parse(text)

@@ -12,8 +12,9 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -79,8 +80,12 @@ def capture_role(db: Any) -> Iterator[str]:
         db.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(ROLE)))
 
 
-def test_least_privilege_script_makes_a_replication_role_that_is_not_superuser(db: Any, capture_role: str) -> None:
-    row = db.execute("SELECT rolcanlogin, rolreplication, rolsuper, rolcreatedb, rolcreaterole FROM pg_roles WHERE rolname = %s", (ROLE,))
+def test_least_privilege_script_makes_a_replication_role_that_is_not_superuser(
+    db: Any, capture_role: str
+) -> None:
+    row = db.execute(
+        "SELECT rolcanlogin, rolreplication, rolsuper, rolcreatedb, rolcreaterole FROM pg_roles WHERE rolname = %s", (ROLE,)
+    )
     assert row == [(True, True, False, False, False)]
     assert db.execute("SELECT has_table_privilege(%s, %s, 'SELECT')", (ROLE, f'"{SCHEMA}".orders')) == [(True,)]
     assert db.execute("SELECT pubname FROM pg_publication") == [(f"pgpoll_{SCHEMA}",)]

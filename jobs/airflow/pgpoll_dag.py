@@ -17,15 +17,17 @@ Variable ``pgpoll_ingest`` (JSON, read when the tasks run)
     ``{"application": "/opt/pgpoll/ingest.py", "py_files": "/opt/pgpoll/pgpoll.zip",
     "slot": "orders_slot", "output": "s3a://lake/pg/orders", "publication": "orders_pub",
     "max_seconds": 600, "typed_tables": true,
-    "materialize": {"application": "/opt/pgpoll/materialize.py", "to": "s3a://lake/pg/orders_state"}}``;
+    "materialize": {"application": "/opt/pgpoll/materialize.py", "to": "s3a://lake/pg/orders_state",
+    "format": "delta"}}``;
     ``py_files`` and ``publication`` may be empty (test_decoding needs no
     publication), ``max_seconds`` defaults to 600. ``typed_tables`` (JSON
     ``true``/``false``, default false) passes ``--typed-tables`` to ingest;
     materialize needs it. ``materialize`` is optional: ``application`` is
     required in it, ``to`` (the state's destination) is optional and defaults
-    to ``OUTPUT/state``; any other key fails the task (a typo would otherwise
-    write the state somewhere else). ``py_files`` and ``output`` are shared
-    with ingest.
+    to ``OUTPUT/state``; ``format`` (``parquet``, the default, or ``delta``:
+    a Delta Lake table per table) is passed as ``--format``; any other key
+    fails the task (a typo would otherwise write the state somewhere else).
+    ``py_files`` and ``output`` are shared with ingest.
 Connection ``pgpoll_source`` (Postgres)
     The source database; passed to the ingest job as ``PGPOLL_DSN`` in the
     environment, never on the command line. Materialize does not connect to
@@ -43,7 +45,9 @@ Behaviour
   sink errors) is retried with exponential backoff. The run summary (pgpoll's
   JSON line) is the task's XCom ``return_value``; on a skip or failure it is
   pushed under the key ``summary``.
-- materialize: ``spark-submit materialize.py --output OUTPUT [--to TO] --json``.
+- materialize: ``spark-submit materialize.py --output OUTPUT [--to TO] [--format F] --json``.
+  Exit 3 (another materialize is writing the destination) ends the task as
+  *skipped*, not retried, like ingest's.
   Its XCom ``return_value`` is the list of per-table results (one JSON line per
   table: ``table``, ``path``, ``rows``, ``position``, ``mode``
   full/incremental/unchanged, ``batches``, ``warnings``); each warning is also
@@ -51,7 +55,9 @@ Behaviour
   retry: 5 means OUTPUT holds no pgpoll output or no typed tables (ingest ran
   without ``typed_tables``, or ``output`` is wrong), which only a change of
   configuration fixes, and 5 is also a storage failure that needs a look (the
-  output cannot be opened, or a state directory cannot be renamed). Anything
+  output cannot be opened, or a state directory cannot be renamed) or, with
+  ``format: delta``, another writer's version of a table committed after the
+  run read it, which pgpoll reports and does not merge over. Anything
   else (exit 1, Spark or the cluster failing) is retried with backoff; a retry
   is safe: a failed run leaves the old state or none (then the retry rebuilds
   it) and the retry clears the failed run's scratch.
@@ -59,9 +65,8 @@ Behaviour
   rule ``all_success``, set explicitly): after a skipped ingest it is skipped
   too, after a failed one it is ``upstream_failed``. Deliberately not
   ``none_failed``: a skipped ingest means another consumer or pgpoll run holds
-  the slot right now, and pgpoll materialize takes no lock; two materialize
-  runs on the same destination break each other (each clears the other's
-  ``DEST/*.materializing-*`` scratch and swaps the same directories), and
+  the slot right now, and a materialize of the same destination may be
+  running too (it would exit 3, holding the destination's lease), and
   ``max_active_runs=1`` serializes only this DAG's runs. The next successful
   ingest is followed by a materialize that catches up on every batch since.
 - "No materialize configured": Airflow builds the task list when it parses the
@@ -86,8 +91,9 @@ rendered template fields, since a templated list cannot drop an element.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, TriggerRule, Variable
@@ -97,25 +103,27 @@ SLOT_BUSY = 3
 NOT_RETRIED = {2: "usage or configuration error", 6: "decode error (the row is saved under _pgpoll/rejects/)"}
 MATERIALIZE_NOT_RETRIED = {
     2: "usage or configuration error",
-    5: "no pgpoll output or no typed tables at the output (is typed_tables on?), or the storage failed",
+    5: "no pgpoll output or no typed tables at the output (is typed_tables on?), the storage failed, "
+       "or another writer committed to a Delta table this run read (not merged over)",
 }
-MATERIALIZE_KEYS = {"application", "to"}
+MATERIALIZE_KEYS = {"application", "to", "format"}
+MATERIALIZE_FORMATS = ("parquet", "delta")
 CONFIG = "var.json.pgpoll_ingest"
 
 
-def parse_summary(line: str) -> Optional[dict[str, Any]]:
+def parse_summary(line: str) -> dict[str, Any] | None:
     """pgpoll's run summary if ``line`` is one, else None."""
     obj = _json_object(line)
     return obj if obj is not None and "status" in obj and "slot" in obj and "exit_code" in obj else None
 
 
-def parse_table_state(line: str) -> Optional[dict[str, Any]]:
+def parse_table_state(line: str) -> dict[str, Any] | None:
     """One table's result of ``pgpoll materialize --json`` if ``line`` is one, else None."""
     obj = _json_object(line)
     return obj if obj is not None and {"table", "path", "rows", "mode"} <= obj.keys() else None
 
 
-def _json_object(line: str) -> Optional[dict[str, Any]]:
+def _json_object(line: str) -> dict[str, Any] | None:
     text = line.strip()
     if not text.startswith("{"):
         return None
@@ -163,14 +171,14 @@ class PgpollIngestOperator(_WatchedSparkSubmit):
     def __init__(self, *, typed_tables: str = "false", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.typed_tables = typed_tables
-        self.summary: Optional[dict[str, Any]] = None
+        self.summary: dict[str, Any] | None = None
 
     def _line(self, line: str) -> None:
         found = parse_summary(line)
         if found is not None:
             self.summary = found
 
-    def execute(self, context: Any) -> Optional[dict[str, Any]]:
+    def execute(self, context: Any) -> dict[str, Any] | None:
         self.summary = None
         typed = _rendered_json(self.typed_tables, "typed_tables")
         if not isinstance(typed, bool):
@@ -234,14 +242,21 @@ class PgpollMaterializeOperator(_WatchedSparkSubmit):
             )
         if to is not None and not isinstance(to, str):
             raise AirflowFailException(f"Variable pgpoll_ingest: materialize.to must be a string, not {to!r}")
+        fmt = config.get("format")
+        if fmt is not None and fmt not in MATERIALIZE_FORMATS:
+            raise AirflowFailException(
+                f"Variable pgpoll_ingest: materialize.format must be one of {list(MATERIALIZE_FORMATS)}, not {fmt!r}"
+            )
         self.application = application
         args = list(self.application_args or [])
-        if "--to" in args:  # execute() again on the same object: drop the pair added last time
-            at = args.index("--to")
-            del args[at:at + 2]
-        self.application_args = [*args, "--to", to] if to else args
+        for flag in ("--to", "--format"):
+            if flag in args:  # execute() again on the same object: drop the pair added last time
+                at = args.index(flag)
+                del args[at:at + 2]
+        args = [*args, "--to", to] if to else args
+        self.application_args = [*args, "--format", fmt] if fmt else args
 
-    def _exit_code(self) -> Optional[int]:
+    def _exit_code(self) -> int | None:
         process = getattr(self._hook, "_submit_sp", None) if self._hook is not None else None
         return process.returncode if process is not None else None
 
@@ -253,6 +268,9 @@ class PgpollMaterializeOperator(_WatchedSparkSubmit):
         except AirflowException as exc:
             code = self._exit_code()
             detail = f": {' '.join(self.errors)}" if self.errors else ""
+            if code == SLOT_BUSY:
+                raise AirflowSkipException(
+                    f"pgpoll materialize: another run is writing the destination (exit 3){detail}") from exc
             if code in MATERIALIZE_NOT_RETRIED:
                 reason = MATERIALIZE_NOT_RETRIED[code]
                 raise AirflowFailException(f"pgpoll materialize exited {code}: {reason}{detail}") from exc

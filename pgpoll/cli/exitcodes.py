@@ -12,16 +12,23 @@ SOURCE = 4
 SINK = 5
 DECODE = 6
 STATUS_ALERT = 7
+INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2
+TERMINATED = 143  # SIGTERM: 128 + 15
 
 EXIT_CODES: dict[int, str] = {
     OK: "success (also: nothing to do)",
     UNEXPECTED: "unexpected error",
     USAGE: "usage or configuration error",
-    SLOT_BUSY: "slot busy: another consumer holds it",
+    SLOT_BUSY: (
+        "busy: another consumer or pgpoll run holds the slot, the output or the destination "
+        "(the refused step changed nothing)"
+    ),
     SOURCE: "source precondition failed (missing slot or publication, wrong plugin, wal_level, privileges, invalidated slot)",
     SINK: "sink error: output not writable or commit failed",
     DECODE: "decode error: plugin output could not be parsed",
     STATUS_ALERT: "status alert: lag above --max-lag-bytes",
+    INTERRUPTED: "interrupted by SIGINT (Ctrl-C): stopped at a safe point, committed batches kept",
+    TERMINATED: "terminated by SIGTERM: stopped at a safe point, committed batches kept",
 }
 
 

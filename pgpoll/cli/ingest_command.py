@@ -7,14 +7,12 @@ import time
 
 import click
 
-from pgpoll.cli.main import report_error
-from pgpoll.cli.options import dsn_option
+from pgpoll.cli.boundary import report_error
+from pgpoll.cli.options import csv_values, dsn_option
 from pgpoll.cli.progress import Progress
+from pgpoll.ingest import stopping
 from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
-
-
-def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(p.strip() for v in value for p in v.split(",") if p.strip())
+from pgpoll.ingest.stopping import StopRequest
 
 
 @click.command("ingest")
@@ -22,9 +20,11 @@ def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> 
 @click.option("--output", required=True, help="Output path: a local path or any Hadoop filesystem URI.")
 @click.option("--plugin", type=click.Choice(["auto", "test_decoding", "pgoutput"]), default="auto", show_default=True,
               help="Output plugin; auto reads it from the slot.")
-@click.option("--publication", "publications", multiple=True, callback=_csv, help="Publication(s) for pgoutput (comma list or repeated).")
-@click.option("--tables", multiple=True, callback=_csv, metavar="PATTERN,...", help="Keep only these tables (shell patterns over schema.table).")
-@click.option("--exclude-tables", multiple=True, callback=_csv, metavar="PATTERN,...", help="Leave out these tables.")
+@click.option("--publication", "publications", multiple=True, callback=csv_values,
+              help="Publication(s) for pgoutput (comma list or repeated).")
+@click.option("--tables", multiple=True, callback=csv_values, metavar="PATTERN,...",
+              help="Keep only these tables (shell patterns over schema.table).")
+@click.option("--exclude-tables", multiple=True, callback=csv_values, metavar="PATTERN,...", help="Leave out these tables.")
 @click.option("--max-changes", type=click.IntRange(min=1), default=None, help="Stop after about this many changes.")
 @click.option("--max-batches", type=click.IntRange(min=1), default=None, help="Stop after this many batches.")
 @click.option("--max-seconds", type=click.FloatRange(min=0), default=None, help="Start no new batch after this many seconds.")
@@ -54,14 +54,33 @@ def command(slot: str, output: str, plugin: str, publications: tuple[str, ...], 
     )
     started = time.monotonic()
     progress = Progress()
+    stop = StopRequest()
+    restore = stopping.install(stop)
     try:
-        summary = run_ingest(opts, on_batch=lambda s: progress.update(
-            f"{s.batches} batch(es), {s.changes:,} change(s), slot at {s.last_lsn}", force=True))
+        summary = run_ingest(
+            opts, stop=stop, show_progress=progress.update if progress.enabled else None,
+            on_batch=lambda s: progress.update(
+                f"{s.batches} batch(es), {s.changes:,} change(s), slot at {s.last_lsn}", force=True),
+        )
     except Exception as error:
         progress.done()
-        code = report_error(error)
-        failed = RunSummary(slot=slot, status="error", exit_code=code, seconds=round(time.monotonic() - started, 3))
+        if stop.requested:  # the signal cut a step short (connecting, recovery): say so, not the side effect
+            click.echo(f"interrupted by signal {stop.signum}: nothing of the unfinished step was published", err=True)
+            code, status = stop.exit_code, "interrupted"
+        else:
+            code, status = report_error(error), "error"
+        failed = RunSummary(slot=slot, status=status, exit_code=code, seconds=round(time.monotonic() - started, 3))
         click.echo(failed.to_json())
-        raise SystemExit(code)
+        raise SystemExit(code) from None
+    finally:
+        restore()
     progress.done()
+    if summary.status == "interrupted":
+        click.echo(
+            f"interrupted by signal {stop.signum}: {summary.batches} batch(es) committed; the unfinished batch "
+            "was abandoned (the next run reads it again)",
+            err=True,
+        )
     click.echo(summary.to_json())
+    if summary.exit_code:
+        raise SystemExit(summary.exit_code)

@@ -7,33 +7,17 @@ traceback is printed unless ``PGPOLL_DEBUG=1``; no password is ever printed.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
-import traceback
 from typing import Any
 
 import click
 
 from pgpoll import __version__
 from pgpoll.cli import exitcodes
-from pgpoll.errors import PgpollError
-from pgpoll.source.connection import redact
-
-
-def report_error(error: BaseException) -> int:
-    """Print ``error`` for a person (redacted) and return its exit code."""
-    code = exitcodes.exit_code_for(error)
-    if isinstance(error, PgpollError):
-        click.echo(redact(f"error: {error.message}"), err=True)
-        if error.hint:
-            click.echo(redact(f"  fix: {error.hint}"), err=True)
-    else:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        click.echo(redact(f"unexpected error: {type(error).__name__}: {first}"), err=True)
-        click.echo("  fix: run again with PGPOLL_DEBUG=1 for details, and report it if it persists", err=True)
-    if os.environ.get("PGPOLL_DEBUG") == "1":
-        click.echo(redact("".join(traceback.format_exception(error))), err=True)
-    return code
+from pgpoll.cli.boundary import report_error
+from pgpoll.spark.session import VERBOSE_ENV
 
 
 class PgpollGroup(click.Group):
@@ -61,6 +45,7 @@ def cli() -> None:
 
 def _register() -> None:
     from pgpoll.cli import (
+        batches_command,
         check_command,
         decode_command,
         ingest_command,
@@ -77,6 +62,26 @@ def _register() -> None:
     cli.add_command(slot_commands.slot)
     cli.add_command(publication_commands.publication)
     cli.add_command(status_command.command)
+    cli.add_command(batches_command.command)
+    _add_verbose(cli)
+
+
+def _set_verbose(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        os.environ[VERBOSE_ENV] = "1"  # read where Spark starts (pgpoll.spark.session)
+        logging.getLogger("pgpoll").setLevel(logging.DEBUG)
+
+
+def _add_verbose(group: click.Group) -> None:
+    """Give every command ``--verbose``: Spark's and Java's own log lines, and pgpoll's debug lines."""
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            _add_verbose(command)
+        elif not any(p.name == "verbose" for p in command.params):
+            command.params.append(
+                click.Option(["--verbose"], is_flag=True, expose_value=False, is_eager=True, callback=_set_verbose,
+                             help="Also show Spark's and Java's log lines, and pgpoll's debug lines.")
+            )
 
 
 _register()

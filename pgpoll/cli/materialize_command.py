@@ -2,39 +2,61 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 
 import click
 
-from pgpoll.cli.main import report_error
-from pgpoll.materialize.run import MaterializeOptions, run_materialize
+from pgpoll.cli import exitcodes
+from pgpoll.cli.boundary import report_error
+from pgpoll.cli.options import csv_values
+from pgpoll.materialize.delta_state import DeltaMaterializer
+from pgpoll.materialize.run import MaterializeOptions, Materializer, TableState, run_materialize
+
+FORMATS: dict[str, type[Materializer]] = {"parquet": Materializer, "delta": DeltaMaterializer}
 
 
-def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(p.strip() for v in value for p in v.split(",") if p.strip())
+def summary_json(status: str, exit_code: int, states: list[TableState], seconds: float, fmt: str) -> str:
+    """The run's last JSON line under ``--json``: status, exit code, tables, rows, seconds, format."""
+    return json.dumps({"status": status, "exit_code": exit_code, "tables": len(states),
+                       "rows": sum(s.rows for s in states), "seconds": round(seconds, 3), "format": fmt},
+                      sort_keys=True)
 
 
 @click.command("materialize")
 @click.option("--output", required=True, help="The output path pgpoll ingest --typed-tables writes.")
-@click.option("--tables", multiple=True, callback=_csv, metavar="PATTERN,...", help="Only these tables (shell patterns over schema.table).")
-@click.option("--exclude-tables", multiple=True, callback=_csv, metavar="PATTERN,...", help="Leave out these tables.")
+@click.option("--tables", multiple=True, callback=csv_values, metavar="PATTERN,...",
+              help="Only these tables (shell patterns over schema.table).")
+@click.option("--exclude-tables", multiple=True, callback=csv_values, metavar="PATTERN,...", help="Leave out these tables.")
 @click.option("--to", "dest", default=None, metavar="DEST", help="Where the state goes (default OUTPUT/state).")
 @click.option("--full", is_flag=True, default=False, help="Rebuild from every batch instead of the previous state.")
-@click.option("--json", "as_json", is_flag=True, default=False, help="One JSON line per table.")
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="parquet", show_default=True,
+              help="parquet: a directory of Parquet files per table; delta: a Delta Lake table per table.")
+@click.option("--json", "as_json", is_flag=True, default=False,
+              help="One JSON line per table, then a summary line (status, exit_code, tables, rows, seconds, format).")
 def command(output: str, tables: tuple[str, ...], exclude_tables: tuple[str, ...], dest: str | None, full: bool,
-            as_json: bool) -> None:
-    """Write the current state of each captured table as Parquet under DEST/<schema>.<table>/."""
+            fmt: str, as_json: bool) -> None:
+    """Write the current state of each captured table under DEST/<schema>.<table>/ (Parquet or Delta Lake)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     opts = MaterializeOptions(output=output, tables=tables, exclude_tables=exclude_tables, to=dest, full=full)
+    started = time.monotonic()
     try:
-        states = run_materialize(opts)
+        states = run_materialize(opts, materializer=FORMATS[fmt])
     except Exception as error:
-        raise SystemExit(report_error(error))
+        code = report_error(error)
+        if as_json:
+            status = "busy" if code == exitcodes.SLOT_BUSY else "error"
+            click.echo(summary_json(status, code, [], time.monotonic() - started, fmt))
+        raise SystemExit(code) from None
     for st in states:
         if as_json:
             click.echo(st.to_json())
         else:
-            click.echo(f"{st.table}: {st.rows} row(s) as of {st.position} ({st.mode}) -> {st.path}")
+            version = f", version {st.version}" if st.version is not None else ""
+            click.echo(f"{st.table}: {st.rows} row(s) as of {st.position} ({st.mode}{version}) -> {st.path}")
             for w in st.warnings:
                 click.echo(f"  warning: {w}", err=True)
+    if as_json:
+        click.echo(summary_json("ok", 0, states, time.monotonic() - started, fmt))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -31,3 +32,8 @@ def target(dsn: str | None) -> ConnectionTarget:
 def json_option(func: F) -> F:
     """``--json``: machine-readable output, one object per line."""
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(func)
+
+
+def csv_values(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    """Callback for repeatable options that also take comma lists (``--tables a,b --tables c``)."""
+    return tuple(p.strip() for v in value for p in v.split(",") if p.strip())

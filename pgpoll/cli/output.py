@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import click
 
@@ -20,6 +21,6 @@ def echo_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     for row in text_rows:
         for i, v in enumerate(row):
             widths[i] = max(widths[i], len(v))
-    click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    click.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False)).rstrip())
     for row in text_rows:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)).rstrip())

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Optional, TextIO
+from typing import TextIO
 
 
 class Progress:
     """Throttled single-line status on a terminal (stderr by default)."""
 
-    def __init__(self, stream: Optional[TextIO] = None, *, interval: float = 0.2) -> None:
+    def __init__(self, stream: TextIO | None = None, *, interval: float = 0.2) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = bool(
             getattr(self.stream, "isatty", lambda: False)()

@@ -23,20 +23,37 @@ def publication() -> None:
               help="A table, with an optional column list and row filter (repeatable).")
 @click.option("--publish", default=None, metavar="ACTIONS", help="Comma list of insert,update,delete,truncate (default: all).")
 @click.option("--via-partition-root", is_flag=True, help="Publish partition changes as changes of the root table.")
+@click.option("--replica-identity-full", is_flag=True,
+              help="Changes the source tables: ALTER TABLE ... REPLICA IDENTITY FULL on each published table that "
+                   "has no usable replica identity or whose row filter needs it (their UPDATE/DELETE then log the "
+                   "whole old row).")
 @dsn_option
 def create(name: str, all_tables: bool, tables: tuple[str, ...], publish: str | None, via_partition_root: bool,
-           dsn: str | None) -> None:
-    """Create publication NAME."""
+           replica_identity_full: bool, dsn: str | None) -> None:
+    """Create publication NAME.
+
+    Refused (exit 2, nothing created) when it would make the source's own UPDATE or
+    DELETE fail: a table without a usable replica identity, a column list that does
+    not cover it, or a row filter on columns outside it. The error names the fix.
+    """
     check_identifier(name, "publication name")
     specs = [pubs.parse_table_spec(t) for t in tables]
     actions = [a.strip() for a in publish.split(",")] if publish is not None else None
     conn = connect(target(dsn))
     try:
-        pubs.create_publication(conn, name, all_tables=all_tables, tables=specs, publish=actions,
-                                via_partition_root=via_partition_root)
+        created = pubs.create_publication(conn, name, all_tables=all_tables, tables=specs, publish=actions,
+                                          via_partition_root=via_partition_root,
+                                          replica_identity_full=replica_identity_full)
     finally:
         conn.close()
     click.echo(f"created publication {name}")
+    for table in created.identity_full:
+        click.echo(f"set REPLICA IDENTITY FULL on {table}")
+    if all_tables:
+        changes = actions is None or bool({"update", "delete"} & set(actions))
+        click.echo(f"warning: publication {name} is FOR ALL TABLES: tables created later are published too"
+                   + ("; each needs a primary key (or REPLICA IDENTITY FULL) or its UPDATE and DELETE will fail"
+                      " on the source" if changes else ""), err=True)
 
 
 @publication.command("drop")

@@ -71,17 +71,11 @@ def list_(as_json: bool, dsn: str | None) -> None:
         ["slot", "plugin", "database", "active", "restart_lsn", "confirmed_lsn", "wal_status", "lag_bytes", "safe_wal_size"],
         [
             [i.name, i.plugin, i.database, "yes" if i.active else "no", i.restart_lsn, i.confirmed_flush_lsn,
-             i.wal_status, i.lag_bytes, _safe_wal_size(i)]
+             i.wal_status, i.lag_bytes, i.safe_wal_size_shown]
             for i in infos
         ],
     )
 
-
-def _safe_wal_size(info: slot_access.SlotInfo) -> object:
-    # NULL means no max_slot_wal_keep_size limit, unless the slot lost its WAL.
-    if info.safe_wal_size is None and info.wal_status in ("reserved", "extended"):
-        return "unlimited"
-    return info.safe_wal_size
 
 
 @slot.command("peek")

@@ -7,7 +7,7 @@ in every case, so a monitor gets the numbers with the verdict.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import click
 
@@ -16,14 +16,14 @@ from pgpoll.cli.options import dsn_option, json_option, target
 from pgpoll.cli.output import echo_json, echo_table
 from pgpoll.errors import SlotInvalidatedError
 from pgpoll.source.names import check_slot_name
-from pgpoll.status import StatusReport, SlotStatus, collect_status
+from pgpoll.status import StatusReport, collect_status
 
 
-def _slot_name(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
+def _slot_name(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     return check_slot_name(value) if value is not None else None
 
 
-def _duration(seconds: Optional[float]) -> str:
+def _duration(seconds: float | None) -> str:
     if seconds is None:
         return ""
     whole = int(seconds)
@@ -36,13 +36,6 @@ def _duration(seconds: Optional[float]) -> str:
     return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
-def _safe_wal_size(status: SlotStatus) -> Any:
-    # NULL means no max_slot_wal_keep_size limit, unless the slot lost its WAL.
-    info = status.info
-    if info.safe_wal_size is None and info.wal_status in ("reserved", "extended"):
-        return "unlimited"
-    return info.safe_wal_size
-
 
 def _print_table(report: StatusReport, with_output: bool) -> None:
     if not report.slots:
@@ -54,7 +47,7 @@ def _print_table(report: StatusReport, with_output: bool) -> None:
     headers.append("alerts")
     rows = []
     for s in report.slots:
-        row: list[Any] = [s.info.name, s.info.plugin, s.info.active_pid, s.info.wal_status, _safe_wal_size(s),
+        row: list[Any] = [s.info.name, s.info.plugin, s.info.active_pid, s.info.wal_status, s.info.safe_wal_size_shown,
                           s.info.confirmed_flush_lsn, s.info.lag_bytes, _duration(s.lag_seconds)]
         if with_output:
             row += [s.output.high_water_mark if s.output else None, s.position]
@@ -66,13 +59,15 @@ def _print_table(report: StatusReport, with_output: bool) -> None:
 @click.command("status")
 @click.option("--output", default=None, metavar="PATH",
               help="Output path of the ingest job: compare its commit log with the slot that feeds it (read without Spark).")
-@click.option("--slot", default=None, callback=_slot_name, help="Report only this slot (default: every logical slot of the database).")
+@click.option("--slot", default=None, callback=_slot_name,
+              help="Report only this slot (default: every logical slot of the database).")
 @click.option("--max-lag-bytes", type=click.IntRange(min=0), default=None, metavar="N",
               help=f"Exit {exitcodes.STATUS_ALERT} when a slot's lag in bytes is above N.")
 @json_option
 @dsn_option
-def command(output: Optional[str], slot: Optional[str], max_lag_bytes: Optional[int], as_json: bool, dsn: Optional[str]) -> None:
-    """Show each slot's lag (bytes and time), WAL status, safe WAL size, active PID and, with --output, its position against the output.
+def command(output: str | None, slot: str | None, max_lag_bytes: int | None, as_json: bool, dsn: str | None) -> None:
+    """Show each slot's lag (bytes and time), WAL status, safe WAL size, active PID and, with --output,
+    its position against the output.
 
     Exits 4 when a slot is lost and 7 when a lag is above --max-lag-bytes,
     after printing the report. Nothing is consumed, locked or started.
@@ -93,6 +88,9 @@ def command(output: Optional[str], slot: Optional[str], max_lag_bytes: Optional[
         )
     if report.lagging:
         for s in report.lagging:
-            click.echo(f"alert: slot {s.info.name} is {s.info.lag_bytes} bytes behind, above --max-lag-bytes {max_lag_bytes}", err=True)
+            click.echo(
+                f"alert: slot {s.info.name} is {s.info.lag_bytes} bytes behind, above --max-lag-bytes {max_lag_bytes}",
+                err=True,
+            )
         click.echo("  fix: run the ingest job now, then more often or with a larger --max-changes / --max-seconds", err=True)
         raise SystemExit(exitcodes.STATUS_ALERT)

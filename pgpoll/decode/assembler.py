@@ -25,7 +25,7 @@ envelopes when they are final:
   ``commit_ts`` None.
 
 What test_decoding does not allow: its streaming lines carry no row data
-(see :mod:`pgpoll.decode.test_decoding`). Such changes are counted per
+(see :mod:`pgpoll.decode.text_decoder`). Such changes are counted per
 stream; committing a stream that holds any raises :class:`DecodeError`
 unless ``allow_opaque_streams`` is set, in which case they are skipped. Its
 stream-abort line does not say which subtransaction a change belonged to, so
@@ -34,9 +34,9 @@ a subtransaction abort cannot un-count them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Iterable, Iterator, Optional
 
 from pgpoll.changes import (
     Begin,
@@ -56,8 +56,8 @@ from pgpoll.changes import (
     StreamStop,
     Truncate,
 )
-from pgpoll.decode.envelope import Change, change_record_to_json, iter_records, records_for
-from pgpoll.decode.test_decoding import OPAQUE_STREAM_KINDS
+from pgpoll.decode.change_json import Change, change_record_to_json, iter_records, records_for
+from pgpoll.decode.text_decoder import OPAQUE_STREAM_KINDS
 from pgpoll.errors import DecodeError
 from pgpoll.lsn import Lsn
 
@@ -68,9 +68,9 @@ __all__ = ["TransactionAssembler", "change_record_to_json"]
 class _Txn:
     """Changes buffered for one transaction (open, streamed or prepared)."""
 
-    xid: Optional[int]
-    commit_ts: Optional[datetime] = None
-    first_lsn: Optional[int] = None  # the BEGIN row's (or first stream block's) lsn
+    xid: int | None
+    commit_ts: datetime | None = None
+    first_lsn: int | None = None  # the BEGIN row's (or first stream block's) lsn
     changes: list[Change] = field(default_factory=list)
     opaque: int = 0  # streamed changes whose data the plugin did not print
 
@@ -95,8 +95,8 @@ class TransactionAssembler:
 
     def __init__(self, *, allow_opaque_streams: bool = False) -> None:
         self._allow_opaque = allow_opaque_streams
-        self._txn: Optional[_Txn] = None
-        self._stream: Optional[_Txn] = None  # the stream block being read
+        self._txn: _Txn | None = None
+        self._stream: _Txn | None = None  # the stream block being read
         self._streams: dict[int, _Txn] = {}
         self._prepared: dict[str, _Txn] = {}
         self._unmatched: list[str] = []
@@ -119,7 +119,7 @@ class TransactionAssembler:
         return tuple(self._prepared)
 
     @property
-    def hold_lsn(self) -> Optional[int]:
+    def hold_lsn(self) -> int | None:
         """The lowest LSN of unfinished work: do not advance the slot past it.
 
         The BEGIN row's lsn of the open transaction and of every prepared
@@ -175,11 +175,6 @@ class TransactionAssembler:
                 self._opaque(event)
             return []
         return self._two_phase_or_stream(event)
-
-    def feed_all(self, events: Iterable[Event]) -> Iterator[ChangeRecord]:
-        """Feed every event in turn, yielding records as they complete."""
-        for event in events:
-            yield from self.feed(event)
 
     def finish(self) -> list[ChangeRecord]:
         """End of input: forget unfinished work and reset; returns no records.
@@ -271,10 +266,10 @@ class TransactionAssembler:
     def _commit(
         self,
         txn: _Txn,
-        lsn: Optional[int],
-        end_lsn: Optional[int],
-        xid: Optional[int],
-        commit_ts: Optional[datetime],
+        lsn: int | None,
+        end_lsn: int | None,
+        xid: int | None,
+        commit_ts: datetime | None,
     ) -> Iterable[ChangeRecord]:
         if txn.opaque and not self._allow_opaque:
             raise _error(
@@ -291,11 +286,11 @@ class TransactionAssembler:
         )
 
 
-def _lsn(event: Event) -> Optional[int]:
+def _lsn(event: Event) -> int | None:
     return getattr(event, "lsn", None)
 
 
-def _error(message: str, lsn: Optional[int], hint: Optional[str] = None) -> DecodeError:
+def _error(message: str, lsn: int | None, hint: str | None = None) -> DecodeError:
     return DecodeError(
         f"transaction assembly: {message}",
         hint or "feed the events of one peek in order, from its first row",

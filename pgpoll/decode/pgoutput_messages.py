@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Optional, Union
 
 from pgpoll.decode.wire import Reader
 
@@ -32,7 +31,7 @@ MESSAGE_NAMES: dict[str, str] = {
 }  # fmt: skip
 
 
-def _xid(r: Reader, in_stream: bool) -> Optional[int]:
+def _xid(r: Reader, in_stream: bool) -> int | None:
     return r.read_uint32("Int32 xid") if in_stream else None
 
 
@@ -68,12 +67,12 @@ class TupleData:
     """
 
     kinds: tuple[str, ...]
-    values: tuple[Optional[bytes], ...]
+    values: tuple[bytes | None, ...]
 
     @classmethod
     def read(cls, r: Reader) -> TupleData:
         kinds: list[str] = []
-        values: list[Optional[bytes]] = []
+        values: list[bytes | None] = []
         for _ in range(r.read_uint16("Int16 number of columns")):
             pos = r.pos
             kind = r.read_byte1("TupleData column kind")
@@ -133,7 +132,7 @@ class Message:
         Byte(n)                content
     """
 
-    xid: Optional[int]
+    xid: int | None
     flags: int
     lsn: int
     prefix: str
@@ -188,7 +187,7 @@ class Relation:
         Int16                  number of columns; then a RelationColumn each
     """
 
-    xid: Optional[int]
+    xid: int | None
     relation_id: int
     namespace: str
     name: str
@@ -205,7 +204,9 @@ class Relation:
         xid, relid = _xid(r, in_stream), r.read_uint32("relation OID")
         namespace, name, ident = r.read_string("namespace"), r.read_string("relation name"), r.read_byte1()
         cols = [
-            RelationColumn(r.read_uint8("column flags"), r.read_string("column name"), r.read_uint32("type OID"), r.read_int32("typmod"))
+            RelationColumn(
+                r.read_uint8("column flags"), r.read_string("column name"), r.read_uint32("type OID"), r.read_int32("typmod")
+            )
             for _ in range(r.read_uint16("Int16 number of columns"))
         ]
         return cls(xid, relid, namespace, name, ident, tuple(cols))
@@ -221,7 +222,7 @@ class Type:
         String                 type name
     """
 
-    xid: Optional[int]
+    xid: int | None
     type_oid: int
     namespace: str
     name: str
@@ -241,7 +242,7 @@ class Type:
 class Insert:
     """Insert ``'I'``: [Int32 xid, streamed only], Int32 relation OID, Byte1('N'), TupleData new tuple."""
 
-    xid: Optional[int]
+    xid: int | None
     relation_id: int
     new: TupleData
 
@@ -267,10 +268,10 @@ class Update:
         TupleData              new tuple
     """
 
-    xid: Optional[int]
+    xid: int | None
     relation_id: int
-    old_kind: Optional[str]
-    old: Optional[TupleData]
+    old_kind: str | None
+    old: TupleData | None
     new: TupleData
 
     @classmethod
@@ -288,7 +289,7 @@ class Update:
 class Delete:
     """Delete ``'D'``: [Int32 xid, streamed only], Int32 relation OID, Byte1('K' key / 'O' old tuple), TupleData."""
 
-    xid: Optional[int]
+    xid: int | None
     relation_id: int
     old_kind: str
     old: TupleData
@@ -309,7 +310,7 @@ class Truncate:
         Int32 (Oid)            relation OID, once per relation
     """
 
-    xid: Optional[int]
+    xid: int | None
     flags: int
     relation_ids: tuple[int, ...]
 
@@ -384,8 +385,8 @@ class StreamAbort:
 
     xid: int
     subxid: int
-    abort_lsn: Optional[int]
-    abort_ts: Optional[datetime]
+    abort_lsn: int | None
+    abort_ts: datetime | None
 
     @classmethod
     def read(cls, r: Reader, in_stream: bool) -> StreamAbort:
@@ -419,7 +420,8 @@ class BeginPrepare:
 
 @dataclass(frozen=True, slots=True)
 class Prepare:
-    """Prepare ``'P'`` (protocol 3+): Int8(0) flags, Int64 prepare LSN, Int64 end LSN, Int64 prepare timestamp, Int32 xid, String gid."""
+    """Prepare ``'P'`` (protocol 3+): Int8(0) flags, Int64 prepare LSN, Int64 end LSN, Int64 prepare timestamp,
+    Int32 xid, String gid."""
 
     flags: int
     prepare_lsn: int
@@ -451,7 +453,8 @@ class StreamPrepare:
 
 @dataclass(frozen=True, slots=True)
 class CommitPrepared:
-    """Commit Prepared ``'K'`` (protocol 3+): Int8(0) flags, Int64 commit LSN, Int64 end LSN, Int64 commit timestamp, Int32 xid, String gid."""
+    """Commit Prepared ``'K'`` (protocol 3+): Int8(0) flags, Int64 commit LSN, Int64 end LSN, Int64 commit timestamp,
+    Int32 xid, String gid."""
 
     flags: int
     commit_lsn: int
@@ -493,8 +496,8 @@ class RollbackPrepared:
         return cls(flags, prep_end, end, prep_ts, ts, r.read_uint32("xid"), r.read_string("gid"))
 
 
-PgoutputMessage = Union[
-    Begin, Message, Commit, Origin, Relation, Type, Insert, Update, Delete, Truncate,
-    StreamStart, StreamStop, StreamCommit, StreamAbort,
-    BeginPrepare, Prepare, CommitPrepared, RollbackPrepared, StreamPrepare,
-]  # fmt: skip
+PgoutputMessage = (
+    Begin | Message | Commit | Origin | Relation | Type | Insert | Update | Delete | Truncate
+    | StreamStart | StreamStop | StreamCommit | StreamAbort
+    | BeginPrepare | Prepare | CommitPrepared | RollbackPrepared | StreamPrepare
+)  # fmt: skip

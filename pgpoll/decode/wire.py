@@ -21,23 +21,24 @@ timestamps and type modifiers are signed.
 from __future__ import annotations
 
 import struct
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Union
 
 from pgpoll.errors import DecodeError
 
 __all__ = [
+    "PG_EPOCH",
     "Buffer",
     "Reader",
-    "PG_EPOCH",
     "pg_timestamp",
     "unpack_int8",
-    "unpack_uint8",
     "unpack_int16",
-    "unpack_uint16",
     "unpack_int32",
-    "unpack_uint32",
     "unpack_int64",
+    "unpack_uint8",
+    "unpack_uint16",
+    "unpack_uint32",
     "unpack_uint64",
 ]
 
@@ -55,7 +56,7 @@ unpack_int64: _Unpack = struct.Struct("!q").unpack_from
 unpack_uint64: _Unpack = struct.Struct("!Q").unpack_from
 
 #: PostgreSQL's timestamp epoch, 2000-01-01 00:00:00 UTC.
-PG_EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def pg_timestamp(micros: int) -> datetime:
@@ -88,9 +89,9 @@ class Reader:
     (42, 'ab', True)
     """
 
-    __slots__ = ("_data", "_view", "_pos", "_end", "message_type")
+    __slots__ = ("_data", "_end", "_pos", "_view", "message_type")
 
-    def __init__(self, data: Buffer, offset: int = 0, message_type: Optional[str] = None) -> None:
+    def __init__(self, data: Buffer, offset: int = 0, message_type: str | None = None) -> None:
         self._data = data if type(data) is bytes else bytes(data)
         self._view = memoryview(self._data)
         self._pos = offset
@@ -113,7 +114,7 @@ class Reader:
         """True when every byte has been read."""
         return self._pos == self._end
 
-    def error(self, message: str, offset: Optional[int] = None) -> DecodeError:
+    def error(self, message: str, offset: int | None = None) -> DecodeError:
         """Build a DecodeError for this message (``offset`` defaults to the cursor)."""
         where = self._pos if offset is None else offset
         kind = self.message_type or "pgoutput"

@@ -4,7 +4,8 @@ The ingest task's counterpart of :class:`pgpoll.decode.assembler.TransactionAsse
 specialised for what a batch peek can contain (whole transactions, no
 streaming, no two-phase) and built for speed: changes go straight into
 column lists (:class:`pgpoll.sink.envelope.ChangeColumns`) with no object per
-change, and pgoutput rows come from the decoder's fast path.
+change, and rows from a decoder's fast path arrive as the plugin-neutral
+:data:`pgpoll.changes.RowFields` (split by :func:`pgpoll.changes.split_row`).
 
 Rows of the open transaction wait for its COMMIT (only then is ``commit_lsn``
 known). When a transaction outgrows ``rows_per_batch`` its rows so far are
@@ -17,27 +18,28 @@ dropped; so are pgpoll's heartbeat messages and tables the filter leaves out.
 from __future__ import annotations
 
 import tempfile
-from datetime import datetime, timedelta, timezone
-from typing import IO, Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from io import BufferedRandom
+from typing import Any
 
 import pyarrow as pa
 
-from pgpoll.changes import LogicalMessage, Op, RowChange, Truncate
-from pgpoll.decode.pgoutput import UNCHANGED_TOAST, RowFields
+from pgpoll.changes import HEARTBEAT_PREFIX, LogicalMessage, Op, RelationInfo, RowChange, RowFields, Truncate, split_row
 from pgpoll.sink.envelope import ENVELOPE_SCHEMA, ChangeColumns, with_transaction
 from pgpoll.typed.schemas import CatalogTable, TableSchema, schema_from_columns, schema_from_relation
 
-HEARTBEAT_PREFIX = "pgpoll.heartbeat"
+__all__ = ["HEARTBEAT_PREFIX", "BatchAssembler"]  # HEARTBEAT_PREFIX: re-exported from pgpoll.changes for now
 _LETTER = {op: op.value for op in Op}  # a dict lookup is cheaper than Enum.value
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
-def _micros(ts: Optional[datetime]) -> Optional[int]:
+def _micros(ts: datetime | None) -> int | None:
     if ts is None:
         return None
     if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=timezone.utc)
+        ts = ts.replace(tzinfo=UTC)
     return (ts - _EPOCH) // _MICROSECOND
 
 
@@ -47,38 +49,39 @@ class BatchAssembler:
     def __init__(
         self,
         *,
-        high_water_mark: Optional[int],
-        accepts: Callable[[Optional[str], Optional[str]], bool],
+        high_water_mark: int | None,
+        accepts: Callable[[str | None, str | None], bool],
         rows_per_batch: int = 65536,
-        type_names: Optional[dict[int, tuple[str, str]]] = None,
-        catalog: Optional[Callable[[str, str], Optional[CatalogTable]]] = None,
-        row_filters: Optional[Any] = None,
+        type_names: Mapping[int, tuple[str, str]] | None = None,
+        catalog: Callable[[str, str], CatalogTable | None] | None = None,
+        row_filters: Any | None = None,
     ) -> None:
         self.hwm = high_water_mark
-        self.type_names = type_names if type_names is not None else {}
+        self.type_names: Mapping[int, tuple[str, str]] = type_names if type_names is not None else {}
         self.catalog = catalog
         self.row_filters = row_filters  # pgpoll.rowfilter.evaluate.TableFilters (test_decoding --row-filter)
-        self._catalog_cache: dict[tuple[str, str], Optional[CatalogTable]] = {}
-        self._relation_schema: dict[Any, str] = {}  # RelationInfo -> schema id (keyed by the object itself)
+        self._catalog_cache: dict[tuple[str, str], CatalogTable | None] = {}
+        #: fast-path relation (the object itself) -> schema id, or None when filtered out
+        self._relation_schema: dict[RelationInfo, str | None] = {}
         self._row_schema: dict[tuple[Any, ...], str] = {}
         #: every table schema a written row refers to, by id
         self.schemas: dict[str, TableSchema] = {}
         self.accepts = accepts
         self.rows_per_batch = rows_per_batch
         self.cols = ChangeColumns()
-        self._accepted: dict[int, bool] = {}
         self._in_txn = False
-        self._xid: Optional[int] = None
-        self._begin_ts: Optional[datetime] = None
-        self._spill: Optional[IO[bytes]] = None
-        self._spill_writer: Optional[pa.ipc.RecordBatchStreamWriter] = None
+        self._xid: int | None = None
+        self._begin_ts: datetime | None = None
+        self._spill: BufferedRandom | None = None
+        self._spill_writer: pa.ipc.RecordBatchStreamWriter | None = None
         self._spilled_rows = 0
         # what the driver learns
         self.changes = 0
-        self.first_commit_lsn: Optional[int] = None
-        self.last_commit_lsn: Optional[int] = None
-        self.last_commit_ts: Optional[datetime] = None
-        self.advance_to: Optional[int] = None
+        self.first_commit_lsn: int | None = None
+        self.last_commit_lsn: int | None = None
+        self.last_commit_ts: datetime | None = None
+        self.first_commit_ts: datetime | None = None
+        self.advance_to: int | None = None
 
     @property
     def in_transaction(self) -> bool:
@@ -87,13 +90,13 @@ class BatchAssembler:
 
     # ---- transaction framing ---------------------------------------------------------
 
-    def begin(self, xid: Optional[int], commit_ts: Optional[datetime]) -> None:
+    def begin(self, xid: int | None, commit_ts: datetime | None) -> None:
         """A transaction starts (pgoutput's Begin already carries the commit time)."""
         self._in_txn = True
         self._xid = xid
         self._begin_ts = commit_ts
 
-    def commit(self, lsn: int, xid: Optional[int], commit_ts: Optional[datetime]) -> Iterator[pa.RecordBatch]:
+    def commit(self, lsn: int, xid: int | None, commit_ts: datetime | None) -> Iterator[pa.RecordBatch]:
         """The open transaction committed; ``lsn`` is the COMMIT row's (the commit record's end)."""
         self.advance_to = lsn
         xid = self._xid if self._xid is not None else xid
@@ -108,6 +111,7 @@ class BatchAssembler:
         self.first_commit_lsn = lsn if self.first_commit_lsn is None else min(self.first_commit_lsn, lsn)
         self.last_commit_lsn = lsn if self.last_commit_lsn is None else max(self.last_commit_lsn, lsn)
         self.last_commit_ts = commit_ts
+        self.first_commit_ts = self.first_commit_ts or commit_ts
         self.changes += rows
         if self._spill_writer is not None:
             yield from self._read_spill(lsn, xid, ts)
@@ -143,45 +147,29 @@ class BatchAssembler:
     # ---- changes ----------------------------------------------------------------------
 
     def row_fields(self, row: RowFields, lsn: int) -> Iterator[pa.RecordBatch]:
-        """An INSERT/UPDATE/DELETE from the pgoutput decoder's fast path."""
-        op, rel, _xid, before, is_key, after = row
-        ok = self._accepted.get(rel.relation_id)
-        if ok is None:
-            ok = self._accepted[rel.relation_id] = self.accepts(rel.schema, rel.table)
-        if not ok:
-            return
-        sid = self._relation_schema.get(rel)
+        """An INSERT/UPDATE/DELETE from a decoder's fast path."""
+        rel = row[1]
+        try:
+            sid = self._relation_schema[rel]
+        except KeyError:
+            sid = self._relation_schema[rel] = self._schema_of_relation(rel)
         if sid is None:
-            described = schema_from_relation(rel, self.type_names)
-            self.schemas[described.schema_id] = described
-            sid = self._relation_schema[rel] = described.schema_id
-        names = rel.names
-        before_keys: Any = None
-        before_values: Any = ()
-        if before is not None:
-            if is_key:
-                before_keys = [names[i] for i in rel.key_indexes]
-                before_values = [before[i] for i in rel.key_indexes]
-            elif UNCHANGED_TOAST in before:
-                kept = [(n, v) for n, v in zip(names, before) if v is not UNCHANGED_TOAST]
-                before_keys, before_values = [n for n, _ in kept], [v for _, v in kept]
-            else:
-                before_keys, before_values = names, before
-        after_keys: Any = None
-        after_values: Any = ()
-        toast: list[str] = []
-        if after is not None:
-            if UNCHANGED_TOAST in after:
-                kept = [(n, v) for n, v in zip(names, after) if v is not UNCHANGED_TOAST]
-                toast = [n for n, v in zip(names, after) if v is UNCHANGED_TOAST]
-                after_keys, after_values = [n for n, _ in kept], [v for _, v in kept]
-            else:
-                after_keys, after_values = names, after
+            return
+        before_names, before_values, after_names, after_values, toast = split_row(row)
         self.cols.add_row(
-            lsn, _LETTER[op], rel.schema, rel.table, before_keys, before_values, after_keys, after_values, toast, sid
+            lsn, _LETTER[row[0]], rel.schema, rel.table, before_names, before_values, after_names, after_values, toast,
+            sid,
         )
         if len(self.cols) >= self.rows_per_batch:
             yield from self._flush_if_full()
+
+    def _schema_of_relation(self, rel: RelationInfo) -> str | None:
+        """The schema id of a fast-path relation, or ``None`` when the table filter leaves it out."""
+        if not self.accepts(rel.schema, rel.table):
+            return None
+        described = schema_from_relation(rel, self.type_names)
+        self.schemas[described.schema_id] = described
+        return described.schema_id
 
     def row_change(self, event: RowChange, lsn: int) -> Iterator[pa.RecordBatch]:
         """An INSERT/UPDATE/DELETE event (test_decoding, or pgoutput's slow path)."""
@@ -270,12 +258,12 @@ class BatchAssembler:
 
     def _write_spill(self, batch: pa.RecordBatch) -> None:
         if self._spill_writer is None:
-            self._spill = tempfile.TemporaryFile(prefix="pgpoll-txn-")
+            self._spill = tempfile.TemporaryFile(prefix="pgpoll-txn-")  # noqa: SIM115 -- open across calls, closed in _close_spill
             self._spill_writer = pa.ipc.new_stream(self._spill, ENVELOPE_SCHEMA)
         self._spill_writer.write_batch(batch)
         self._spilled_rows += batch.num_rows
 
-    def _read_spill(self, lsn: int, xid: Optional[int], ts: Optional[int]) -> Iterator[pa.RecordBatch]:
+    def _read_spill(self, lsn: int, xid: int | None, ts: int | None) -> Iterator[pa.RecordBatch]:
         assert self._spill is not None and self._spill_writer is not None
         self._spill_writer.close()
         self._spill.seek(0)

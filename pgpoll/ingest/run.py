@@ -10,33 +10,48 @@ message) LSN.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import os
-import sys
+import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
 
 from pgpoll.errors import (
     ConfigError,
+    PgpollError,
     PublicationNotFoundError,
     SinkError,
+    SlotBusyError,
     SlotInvalidatedError,
     WrongPluginError,
+    first_line,
 )
-from pgpoll.ingest import faults
-from pgpoll.ingest.control import ControlConnection, retrying
-from pgpoll.ingest.task import BatchOutcome, BatchSpec, TableFilter, spark_task
+from pgpoll.ingest import faults, stopping
+from pgpoll.ingest.progress_channel import BatchProgressLog, ProgressListener
+from pgpoll.ingest.stopping import StopRequest
+from pgpoll.ingest.task import BatchOutcome, BatchSpec, pyarrow_task, spark_task
 from pgpoll.lsn import Lsn
-from pgpoll.sink.batches import BatchSink
+from pgpoll.sink import layout
+from pgpoll.sink import layout
+from pgpoll.sink.batches import BatchSink, Plan
 from pgpoll.sink.envelope import SPARK_DDL
+from pgpoll.sink.filesystem import local_path, open_output
+from pgpoll.sink.lease import Lease
+from pgpoll.sink.parquet_writer import PYARROW, StagingTarget, choose_writer
 from pgpoll.sink.typed_tables import SchemaStore, stage_typed_tables
 from pgpoll.source import slots as slot_access
 from pgpoll.source.connection import resolve_dsn
+from pgpoll.source.control import ControlConnection, retrying
 from pgpoll.source.names import check_identifier, check_slot_name
 from pgpoll.source.publications import publication_exists
+from pgpoll.spark.filesystems import check_local_output, connector_hint
+from pgpoll.spark.session import configure_writes, debug_requested, spark_session
+from pgpoll.table_patterns import TablePatterns
 
 log = logging.getLogger("pgpoll.ingest")
 
@@ -51,13 +66,13 @@ class IngestOptions:
     publications: tuple[str, ...] = ()
     tables: tuple[str, ...] = ()
     exclude_tables: tuple[str, ...] = ()
-    max_changes: Optional[int] = None
-    max_batches: Optional[int] = None
-    max_seconds: Optional[float] = None
+    max_changes: int | None = None
+    max_batches: int | None = None
+    max_seconds: float | None = None
     batch_changes: int = 200_000
     typed_tables: bool = False
     row_filters: tuple[str, ...] = ()
-    dsn: Optional[str] = None
+    dsn: str | None = None
 
 
 @dataclass
@@ -65,18 +80,20 @@ class RunSummary:
     """The JSON line a run prints on stdout (for Airflow's XCom)."""
 
     slot: str
-    plugin: Optional[str] = None
+    plugin: str | None = None
     batches: int = 0
     changes: int = 0
     bytes: int = 0
-    first_lsn: Optional[str] = None
-    last_lsn: Optional[str] = None
-    lag_bytes: Optional[int] = None
+    first_lsn: str | None = None
+    last_lsn: str | None = None
+    lag_bytes: int | None = None
     seconds: float = 0.0
     batch_seconds: float = 0.0
     status: str = "ok"
     exit_code: int = 0
-    task_peak_rss_kb: Optional[int] = None
+    fenced: bool | None = None  # False: the output's store cannot create files atomically (lease only)
+    writer: str | None = None  # "pyarrow" (the batch task writes Parquet itself) or "spark" (Spark's writer)
+    task_peak_rss_kb: int | None = None
     recovery: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -95,14 +112,8 @@ class _Outcomes:
         return a
 
 
-def _spark_session() -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.appName("pgpoll-ingest")
-    if not os.environ.get("SPARK_ENV_LOADED") and "spark.master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
-        builder = builder.config("spark.ui.showConsoleProgress", "false")
-    return builder.getOrCreate()
+def _publication_exists(conn: Any, *, name: str) -> bool:
+    return publication_exists(conn, name)
 
 
 def _preflight(control: ControlConnection, opts: IngestOptions) -> tuple[str, slot_access.SlotInfo]:
@@ -131,10 +142,12 @@ def _preflight(control: ControlConnection, opts: IngestOptions) -> tuple[str, sl
         control.call(lambda c: check_row_filters(c, filters))
     if plugin == "pgoutput":
         if not opts.publications:
-            raise PublicationNotFoundError("pgoutput needs a publication", "pass --publication NAME")
+            raise ConfigError(  # a usage error (exit 2), as in `slot peek`; a named one that is missing is exit 4
+                f'slot "{opts.slot}" uses pgoutput, which needs a publication', "pass --publication NAME"
+            )
         for pub in opts.publications:
             check_identifier(pub, "publication name")
-            if not control.call(lambda c, p=pub: publication_exists(c, p)):
+            if not control.call(functools.partial(_publication_exists, name=pub)):
                 raise PublicationNotFoundError(
                     f'publication "{pub}" does not exist',
                     "create it: pgpoll publication create NAME --table schema.tbl",
@@ -142,93 +155,248 @@ def _preflight(control: ControlConnection, opts: IngestOptions) -> tuple[str, sl
     return plugin, info
 
 
-def _run_batch(spark: Any, sink: BatchSink, spec: BatchSpec, control: ControlConnection) -> tuple[str, BatchOutcome]:
-    """One Spark job; returns the staging path and the task's outcome (retried when transient).
+def _cancel_quietly(spark: Any) -> None:
+    """Cancel the batch's Spark job; Spark's log of its own cancellation (stack traces) is noise here."""
+    if not debug_requested():
+        spark.sparkContext.setLogLevel("OFF")
+    spark.sparkContext.cancelAllJobs()
 
-    Before every attempt the slot is re-advanced to the high-water mark: a
-    server crash can return the slot to its last checkpointed position, and a
+
+class _StoppedError(Exception):
+    """A stop was requested while a batch was in flight (its staging is discarded)."""
+
+
+def _run_batch(
+    spark: Any, sink: BatchSink, plan: Plan, spec: BatchSpec, control: ControlConnection,
+    stop: StopRequest | None = None,
+) -> BatchOutcome:
+    """One Spark job writing ``plan.staging``; returns the task's outcome (retried when transient).
+
+    Where the task can reach the output (a local path or ``file:`` URI) it
+    writes the Parquet files itself with pyarrow, typed tables included, in a
+    one-partition RDD job whose ``collect()`` returns the outcome; elsewhere
+    (or with ``PGPOLL_WRITER=spark``) Spark's writer takes the task's Arrow
+    batches through ``mapInArrow`` and the outcome comes in an accumulator
+    (see :mod:`pgpoll.sink.parquet_writer`). ``outcome.writer`` says which.
+
+    Before every attempt the slot is re-advanced to the plan's high-water mark:
+    a server crash can return the slot to its last checkpointed position, and a
     peek from there would show only changes the output already holds.
     """
-    for attempt in retrying():
+    writer = choose_writer(plan.staging)
+    if writer == PYARROW:
+        spec = replace(spec, target=StagingTarget.of(
+            plan.staging, plan.tables_staging, sink.fs.path(layout.LEDGERS)))
+    for attempt in retrying(what=f"batch {spec.batch_number}"):
         with attempt:
             if spec.high_water_mark is not None:
                 control.advance(Lsn(spec.high_water_mark))
-            staging = sink.staging_path()
+            sink.fs.delete(plan.staging)  # a failed attempt's leftovers (the plan file stays)
+            sink.fs.delete(plan.tables_staging)
             acc = spark.sparkContext.accumulator({}, _Outcomes())
-            frame = spark.range(1, numPartitions=1).mapInArrow(spark_task(spec, acc), SPARK_DDL)
+            collected: list[BatchOutcome] = []
+            if writer == PYARROW:
+                job = spark.sparkContext.parallelize([0], 1).mapPartitions(pyarrow_task(spec))
+            else:
+                frame = spark.range(1, numPartitions=1).mapInArrow(spark_task(spec, acc), SPARK_DDL)
+            forget = stop.on_request(lambda: _cancel_quietly(spark)) if stop is not None else (lambda: None)
             try:
-                frame.write.mode("errorifexists").parquet(staging)
+                if writer == PYARROW:
+                    collected.extend(job.collect())
+                else:
+                    frame.write.mode("errorifexists").parquet(plan.staging)
             except Exception as exc:
+                if stop is not None and stop.requested:
+                    sink.discard(plan)
+                    raise _StoppedError() from None
                 if spec.fault in faults.TASK_POINTS:
                     faults.crash_if(spec.fault, spec.fault)
-                sink.discard(staging)
-                raise SinkError(f"writing the batch failed: {_first_line(exc)}", "check that the output is writable") from None
-            outcome: Optional[BatchOutcome] = acc.value.get("outcome")
+                sink.ensure_current(plan)  # lost already: another run's recovery may have removed the staging
+                sink.discard(plan)
+                raise SinkError(
+                    f"writing the batch failed: {first_line(exc)}",
+                    connector_hint(str(exc), sink.fs.root) or "check that the output is writable",
+                ) from None
+            finally:
+                forget()
+            outcome: BatchOutcome | None = collected[0] if collected else acc.value.get("outcome")
             if outcome is None:
-                sink.discard(staging)
+                sink.discard(plan)
                 raise SinkError("the batch task reported nothing", "check the Spark executor logs")
             if outcome.error is not None:
-                sink.discard(staging)
+                sink.discard(plan)
                 if outcome.reject is not None:
                     _save_reject(sink, outcome.reject)
                 raise outcome.error
-            return staging, outcome
+            return outcome
     raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _save_reject(sink: BatchSink, reject: dict[str, Any]) -> None:
     lsn = Lsn.parse(reject["lsn"])
-    path = sink.fs.path("_pgpoll/rejects", f"{lsn.padded()}-{uuid.uuid4().hex[:8]}.json")
+    path = sink.fs.path(layout.REJECTS, f"{lsn.padded()}-{uuid.uuid4().hex[:8]}.json")
     sink.fs.write_text(path, json.dumps(reject, sort_keys=True))
     log.error("undecodable row saved to %s", path)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
+class _LeaseKeeper:
+    """Renews the output's lease from a thread while the run works (a batch can outlast the lease's TTL).
+
+    Losing the lease is not fatal by itself — the commit log's fence decides who
+    publishes — but it means another run believes this one died, so the run
+    stops before its next batch (exit 3).
+    """
+
+    def __init__(self, lease: Lease, every: float = 15.0) -> None:
+        self.lease = lease
+        self.lost: PgpollError | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(every,), name="pgpoll-lease", daemon=True)
+        self._thread.start()
+
+    def _loop(self, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                self.lease.renew()
+            except SlotBusyError as exc:
+                self.lost = exc
+                return
+            except PgpollError as exc:  # a storage hiccup: try again at the next tick
+                log.warning("could not renew the output's lease: %s", exc.message)
+
+    def check(self) -> None:
+        """Raise the busy error if another run took the lease over."""
+        if self.lost is not None:
+            raise self.lost
+
+    def stop(self) -> None:
+        """Stop renewing."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _end_of_run_heartbeat(control: ControlConnection, run_id: str, plugin: str, opts: IngestOptions) -> dict[str, Any] | None:
+    """Emit the end-of-run heartbeat, after reading the captured tables' write counters.
+
+    The run's last batch then consumes the heartbeat and the slot is advanced
+    past it, so ``lag_bytes`` right after a run that caught up is only the WAL
+    written since. The counters (``pg_stat_user_tables``), read *before* the
+    heartbeat and so before the last peek, go into that batch's commit-log
+    record: ``pgpoll status`` compares them with the current ones, and equal
+    counters mean no captured change can be pending.
+    """
+    stats = _write_counts(control, plugin, opts)
+    control.emit_heartbeat(run_id)
+    return stats
+
+
+def _open_sink(spark: Any, output: str, run_id: str) -> BatchSink:
+    """The output's sink; a missing Hadoop filesystem connector (s3a:, gs:, abfs:) is named in the fix."""
+    try:
+        return BatchSink(spark, output, run=run_id)
+    except SinkError as exc:
+        hint = connector_hint(exc.message, output)
+        if hint is None:
+            raise
+        raise SinkError(exc.message, hint) from None
+
+
+def _write_counts(control: ControlConnection, plugin: str, opts: IngestOptions) -> dict[str, Any] | None:
+    """The captured tables' cumulative write counters, for ``pgpoll status`` (None when they cannot be read).
+
+    pgoutput: the publications' tables; test_decoding: every user table (a
+    write to a table left out by ``--tables`` then counts as pending until the
+    next run: an upper bound, never an underestimate).
+    """
+    from pgpoll.source.server_state import captured_tables, table_write_counts
+
+    def read(conn: Any) -> dict[str, list[int]]:
+        tables = captured_tables(conn, list(opts.publications)) if plugin == "pgoutput" else None
+        return table_write_counts(conn, tables)
+
+    try:
+        counts = control.call(read)
+        return {"read_at": datetime.now(UTC).isoformat(), "tables": counts}
+    except PgpollError as exc:
+        log.warning("could not read the tables' write counters (status lag falls back to commit times): %s", exc.message)
+        return None
+
+
+def _progress_listener(spark: Any, show: Callable[[str], None] | None) -> ProgressListener | None:
+    """The driver's end of the progress side channel, on the address executors reach; None if it cannot listen."""
+    host = str(spark.conf.get("spark.driver.host", "127.0.0.1"))
+    try:
+        return ProgressListener(host, BatchProgressLog(show))
+    except OSError as exc:
+        log.debug("no progress channel on %s: %s", host, exc)
+        return None
 
 
 def run_ingest(
-    opts: IngestOptions, spark: Any = None, on_batch: Optional[Callable[[RunSummary], None]] = None
+    opts: IngestOptions,
+    spark: Any = None,
+    on_batch: Callable[[RunSummary], None] | None = None,
+    stop: StopRequest | None = None,
+    show_progress: Callable[[str], None] | None = None,
 ) -> RunSummary:
     """Drain the slot into the output within the limits; returns the run summary.
 
     ``on_batch`` is called with the summary so far after every committed
     batch (the CLI shows progress with it). Raises a :class:`PgpollError` on
     failure; the slot is then where the last committed batch left it.
+    ``show_progress`` gets a line about the batch in flight about once a second
+    (a terminal's live line); without it, a batch longer than 30 s logs a line
+    every 30 s. When
+    ``stop`` is requested (SIGINT/SIGTERM), the run stops at the next safe point
+    and returns with ``status`` "interrupted" and exit code 128 + the signal.
     """
     started = time.monotonic()
     check_slot_name(opts.slot)
     if opts.row_filters:  # a malformed filter is a usage error: refuse it before connecting
         from pgpoll.rowfilter.expression import parse_row_filter
 
-        for spec in opts.row_filters:
-            parse_row_filter(spec)
+        for text in opts.row_filters:
+            parse_row_filter(text)
+    check_local_output(opts.output)  # a local output's problems are found before Spark's start-up
     summary = RunSummary(slot=opts.slot)
+    listener: ProgressListener | None = None
+    lease: Lease | None = None
+    keeper: _LeaseKeeper | None = None
     target = resolve_dsn(opts.dsn)
     fault = faults.configured()
     control = ControlConnection(target, opts.slot)
     control.open()
+    run_id = uuid.uuid4().hex
     try:
-        plugin, info = _preflight(control, opts)
+        plugin, _info = _preflight(control, opts)
         summary.plugin = plugin
-        spark = spark or _spark_session()
-        sink = BatchSink(spark, opts.output)
+        if local_path(opts.output) is not None:  # a local output's lease needs no JVM: "busy" before Spark starts
+            lease = Lease(open_output(opts.output), run=run_id, slot=opts.slot)
+            lease.acquire()  # the fast "busy" answer (exit 3 at once); correctness rests on the commit log's fence
+            keeper = _LeaseKeeper(lease)
+        spark = spark or spark_session("pgpoll-ingest")
+        configure_writes(spark)
+        stopping.reclaim(stop)  # SparkContext replaced the SIGINT handler with its own
+        listener = _progress_listener(spark, show_progress)
+        sink = _open_sink(spark, opts.output, run_id)
         sink.check_writable()
-        report = sink.recover(slot=opts.slot, plugin=plugin)
-        summary.recovery = {
-            "high_water_mark": str(report.high_water_mark) if report.high_water_mark else None,
-            "removed_staging": report.removed_staging,
-            "adopted": list(report.adopted),
-            "removed_partitions": list(report.removed_partitions),
-        }
+        if lease is None:  # other stores: through Hadoop's filesystem, once Spark runs
+            lease = Lease(sink.fs, run=run_id, slot=opts.slot)
+            lease.acquire()
+            keeper = _LeaseKeeper(lease)
+        report = sink.recover()
+        summary.fenced = sink.fenced
+        summary.recovery = report.as_json()
         schema_store = SchemaStore(sink.fs)
-        hwm = report.high_water_mark  # each batch first re-advances the slot to it (it may be behind after a crash)
-        control.emit_heartbeat(uuid.uuid4().hex)
         options = tuple(slot_access.peek_options(plugin, publications=list(opts.publications)))
-        table_filter = TableFilter(tuple(opts.tables), tuple(opts.exclude_tables))
+        patterns = TablePatterns(tuple(opts.tables), tuple(opts.exclude_tables))
         batches_started = time.monotonic()
+        heartbeat_sent = False  # a run that catches up ends with a heartbeat batch (see below)
+        stats: dict[str, Any] | None = None
         while True:
+            if stop is not None and stop.requested:
+                summary.status, summary.exit_code = "interrupted", stop.exit_code
+                break
             if opts.max_batches is not None and summary.batches >= opts.max_batches:
                 break
             if opts.max_seconds is not None and time.monotonic() - started >= opts.max_seconds:
@@ -239,41 +407,75 @@ def run_ingest(
                 if remaining <= 0:
                     break
                 limit = min(limit, remaining)
+            if keeper is not None:
+                keeper.check()
+            plan = sink.plan()  # planned on the commit log's head: it can only become the next record
+            hwm = plan.high_water_mark
+            number = summary.batches + 1
             spec = BatchSpec(
                 dsn=target.dsn, slot=opts.slot, plugin=plugin, options=options, upto_nchanges=limit,
-                high_water_mark=int(hwm) if hwm is not None else None, table_filter=table_filter, fault=fault,
-                row_filters=tuple(opts.row_filters),
+                high_water_mark=int(hwm) if hwm is not None else None, tables=patterns, fault=fault,
+                row_filters=tuple(opts.row_filters), typed_tables=opts.typed_tables,
+                progress=listener.address if listener is not None else None, batch_number=number,
             )
-            staging, outcome = _run_batch(spark, sink, spec, control)
+            if listener is not None:
+                listener.start_batch(number)
+            try:
+                outcome = _run_batch(spark, sink, plan, spec, control, stop)
+            except _StoppedError:
+                summary.status, summary.exit_code = "interrupted", stop.exit_code if stop is not None else 130
+                break
+            summary.writer = outcome.writer
+            caught_up = outcome.peeked_rows < limit  # the peek returned everything there was
             if outcome.advance_to is None or (hwm is not None and outcome.advance_to <= hwm):
-                sink.discard(staging)
-                break  # caught up: nothing new
+                sink.discard(plan)
+                if caught_up and not heartbeat_sent:
+                    stats = _end_of_run_heartbeat(control, run_id, plugin, opts)
+                    heartbeat_sent = True
+                    continue
+                break
             schemas = schema_store.save(outcome.schemas)
-            typed = stage_typed_tables(spark, sink.fs, staging, schemas) if opts.typed_tables and outcome.changes else {}
+            typed = (
+                stage_typed_tables(spark, sink.fs, plan.staging, schemas, outcome)
+                if opts.typed_tables and outcome.changes else {}
+            )
             faults.crash_if("after-write", fault)
             start = outcome.first_commit_lsn if outcome.first_commit_lsn is not None else outcome.advance_to
             record = sink.publish(
-                staging, start=start, end=outcome.advance_to, rows=outcome.changes, slot=opts.slot, plugin=plugin,
-                last_commit_ts=outcome.last_commit_ts, tables=typed,
-            )
+                plan, start=start, end=outcome.advance_to, rows=outcome.changes, slot=opts.slot, plugin=plugin,
+                last_commit_ts=outcome.last_commit_ts, first_commit_ts=outcome.first_commit_ts, tables=typed,
+                table_stats=stats if heartbeat_sent and caught_up else None, publications=opts.publications,
+            )  # FenceLostError (exit 3) when another run published this record number first
             faults.crash_if("after-commit-log", fault)
             control.advance(Lsn(outcome.advance_to))
             faults.crash_if("after-advance", fault)
-            hwm = Lsn(outcome.advance_to)
             summary.task_peak_rss_kb = max(summary.task_peak_rss_kb or 0, int(outcome.extra.get("task_peak_rss_kb", 0)))
             summary.batches += 1
             summary.changes += outcome.changes
-            summary.bytes += sum(s for n, _d, s in sink.fs.list(sink.fs.path("changes", record.partition)) if n.startswith("part-")) if record.partition else 0
+            summary.bytes += record.bytes
             summary.first_lsn = summary.first_lsn or str(Lsn(start))
-            summary.last_lsn = str(hwm)
-            log.info("batch %d committed: %d change(s), slot advanced to %s", summary.batches, outcome.changes, hwm)
+            summary.last_lsn = record.end
+            log.info("batch %d committed: %d change(s), slot advanced to %s", summary.batches, outcome.changes, record.end)
             if on_batch is not None:
                 on_batch(summary)
-            if outcome.peeked_rows < limit:
-                break  # the peek returned everything there was
+            if caught_up:
+                if heartbeat_sent:
+                    break
+                stats = _end_of_run_heartbeat(control, run_id, plugin, opts)
+                heartbeat_sent = True
         summary.batch_seconds = round(time.monotonic() - batches_started, 3)
-        summary.lag_bytes = control.wal_lag()
+        if summary.status == "ok":
+            summary.lag_bytes = control.wal_lag()
     finally:
+        if keeper is not None:
+            keeper.stop()
+        if lease is not None:
+            try:
+                lease.release()
+            except PgpollError as exc:  # the lease only speeds up "busy"; it expires by itself
+                log.warning("could not release the output's lease: %s", exc.message)
+        if listener is not None:
+            listener.close()
         control.close()
         summary.seconds = round(time.monotonic() - started, 3)
     return summary

@@ -1,11 +1,21 @@
-"""The Spark task of one batch: peek, decode, assemble, yield Arrow record batches.
+"""The Spark task of one batch: peek, decode, assemble, write Parquet (or yield Arrow to Spark's writer).
 
-Runs on an executor inside ``mapInArrow``: it opens its own connection,
-streams the peek through a server-side cursor, decodes each row, groups rows
-into committed transactions and yields the change envelope as Arrow record
-batches straight to Spark's Parquet writer — no row passes through the
-driver. What the driver needs back (the LSN to advance to, counts, an error
-or a rejected row) travels in a Spark accumulator as a :class:`BatchOutcome`.
+Runs on an executor: it opens its own connection, streams the peek through a
+server-side cursor, decodes each row, groups rows into committed transactions
+and produces the change envelope as Arrow record batches — no row passes
+through the driver. Two ways to write them:
+
+* :func:`pyarrow_task` (the output is a local path or ``file:`` URI): the task
+  writes the staged Parquet files itself with pyarrow
+  (:mod:`pgpoll.sink.parquet_writer`), and with ``--typed-tables`` every
+  table's typed rows in the same pass; it runs as a one-partition RDD job
+  whose ``collect()`` returns the :class:`BatchOutcome`;
+* :func:`spark_task` (any other store): the function given to ``mapInArrow``,
+  yielding the batches to Spark's Parquet writer; the outcome travels in a
+  Spark accumulator.
+
+The outcome is what the driver needs back: the LSN to advance to, counts,
+an error or a rejected row, and the files written.
 
 Nothing here moves the slot: a peek is repeatable until the driver advances,
 so a retried task or batch is safe.
@@ -13,34 +23,22 @@ so a retried task or batch is safe.
 
 from __future__ import annotations
 
-import fnmatch
+import contextlib
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import pyarrow as pa
 
 from pgpoll.changes import Begin, Commit, Ignored, LogicalMessage, RowChange, Truncate
-from pgpoll.errors import DecodeError, PgpollError
+from pgpoll.decode.decoders import make_decoder
+from pgpoll.errors import DecodeError, PgpollError, SinkError
 from pgpoll.ingest import faults
 from pgpoll.ingest.batch_assembler import BatchAssembler
+from pgpoll.ingest.progress_channel import ChannelAddress, ProgressReporter
 from pgpoll.lsn import Lsn
-
-
-@dataclass(frozen=True)
-class TableFilter:
-    """``--tables`` / ``--exclude-tables``: shell patterns over ``schema.table``."""
-
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-
-    def accepts(self, schema: Optional[str], table: Optional[str]) -> bool:
-        """True when changes of ``schema.table`` belong in the output."""
-        if table is None or not (self.include or self.exclude):
-            return True
-        name = f"{schema}.{table}"
-        if self.include and not any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(table, p) for p in self.include):
-            return False
-        return not any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(table, p) for p in self.exclude)
+from pgpoll.sink.parquet_writer import PYARROW, SPARK, PartFiles, StagingTarget, WriterThread, clear_directory
+from pgpoll.table_patterns import TablePatterns
 
 
 @dataclass(frozen=True)
@@ -51,13 +49,17 @@ class BatchSpec:
     slot: str
     plugin: str
     options: tuple[str, ...]
-    upto_nchanges: Optional[int]
-    high_water_mark: Optional[int]
-    table_filter: TableFilter = TableFilter()
+    upto_nchanges: int | None
+    high_water_mark: int | None
+    tables: TablePatterns = field(default_factory=TablePatterns)
     proto_version: int = 1
     rows_per_arrow_batch: int = 65536
-    fault: Optional[str] = None
+    fault: str | None = None
     row_filters: tuple[str, ...] = ()  # --row-filter specs (test_decoding), parsed again on the executor
+    progress: ChannelAddress | None = None  # where to send progress lines (pgpoll.ingest.progress_channel)
+    batch_number: int = 0
+    typed_tables: bool = False  # with the pyarrow writer: write every table's typed rows in the same pass
+    target: StagingTarget | None = None  # where the pyarrow writer stages the batch (set by the driver)
 
     def __repr__(self) -> str:  # never show the DSN (it may carry a password)
         return f"BatchSpec(slot={self.slot!r}, plugin={self.plugin!r}, upto_nchanges={self.upto_nchanges})"
@@ -69,50 +71,23 @@ class BatchOutcome:
 
     peeked_rows: int = 0
     changes: int = 0
-    advance_to: Optional[int] = None
-    first_commit_lsn: Optional[int] = None
-    last_commit_lsn: Optional[int] = None
-    last_commit_ts: Optional[str] = None
+    advance_to: int | None = None
+    first_commit_lsn: int | None = None
+    last_commit_lsn: int | None = None
+    first_commit_ts: str | None = None
+    last_commit_ts: str | None = None
     open_transaction_at_end: bool = False
-    error: Optional[PgpollError] = None
-    reject: Optional[dict[str, Any]] = None
+    error: PgpollError | None = None
+    reject: dict[str, Any] | None = None
     schemas: dict[str, str] = field(default_factory=dict)  # schema id -> TableSchema JSON
     extra: dict[str, Any] = field(default_factory=dict)
+    writer: str | None = None  # "pyarrow" or "spark"
+    #: pyarrow writer with typed tables: {table dir: {file: size}} written in the task (None: not written yet)
+    typed_files: dict[str, dict[str, int]] | None = None
+    ledgers: dict[str, dict[str, Any]] = field(default_factory=dict)  # table dir -> changed column ledger
 
 
-def make_decoder(plugin: str, proto_version: int) -> Callable[[Any, Optional[Lsn], Optional[int]], Any]:
-    """A function ``(data, lsn, xid) -> Event`` for the plugin."""
-    if plugin == "pgoutput":
-        from pgpoll.decode.pgoutput import PgoutputDecoder
-
-        pg = PgoutputDecoder(proto_version)
-
-        def decode_binary(data: Any, lsn: Optional[Lsn], xid: Optional[int]) -> Any:
-            return pg.decode(data, lsn)
-
-        decode_binary.fast_row = pg.decode_row  # type: ignore[attr-defined]
-        decode_binary.type_names = pg.types  # type: ignore[attr-defined]
-        return decode_binary
-    from pgpoll.decode.test_decoding import TestDecodingDecoder
-
-    td = TestDecodingDecoder()
-
-    def decode_text(data: bytes, lsn: Optional[Lsn], xid: Optional[int]) -> Any:
-        try:
-            line = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DecodeError(
-                f"test_decoding row at {lsn} is not valid UTF-8 (byte {exc.start})",
-                "the row is saved under _pgpoll/rejects/; once understood, skip it with: pgpoll slot advance SLOT <next COMMIT lsn>",
-                offset=exc.start,
-                lsn=str(lsn) if lsn is not None else None,
-            ) from None
-        return td.decode(line, lsn=lsn, xid=xid)
-
-    return decode_text
-
-
-def _reject(lsn: Lsn, xid: Optional[int], data: Any, error: DecodeError, row_number: int) -> dict[str, Any]:
+def _reject(lsn: Lsn, xid: int | None, data: Any, error: DecodeError, row_number: int) -> dict[str, Any]:
     row: dict[str, Any] = {"lsn": str(lsn), "xid": xid, "row": row_number, "error": str(error)}
     if isinstance(data, (bytes, bytearray, memoryview)):
         row["data_hex"] = bytes(data).hex()
@@ -121,17 +96,19 @@ def _reject(lsn: Lsn, xid: Optional[int], data: Any, error: DecodeError, row_num
     return row
 
 
-def iter_batch(spec: BatchSpec, outcome: BatchOutcome) -> Iterator[pa.RecordBatch]:
+def iter_batch(
+    spec: BatchSpec, outcome: BatchOutcome, on_assembler: Callable[[BatchAssembler], None] | None = None
+) -> Generator[pa.RecordBatch, None, None]:
     """Peek, decode and assemble one batch, yielding Arrow record batches; fills ``outcome``.
 
     Errors are recorded in ``outcome.error`` (and a bad row in
     ``outcome.reject``) instead of raised, so the driver can report them with
-    their own exit code.
+    their own exit code. ``on_assembler`` gets the batch assembler before the
+    peek (its ``schemas`` registry grows as rows are decoded).
     """
+    from pgpoll.source.catalog import catalog_table
     from pgpoll.source.connection import ConnectionTarget, connect
     from pgpoll.source.slots import peek_rows
-
-    from pgpoll.source.catalog import catalog_table
 
     conn = None
     decode = make_decoder(spec.plugin, spec.proto_version)
@@ -142,10 +119,13 @@ def iter_batch(spec: BatchSpec, outcome: BatchOutcome) -> Iterator[pa.RecordBatc
 
         row_filters = TableFilters([parse_row_filter(s) for s in spec.row_filters])
     asm = BatchAssembler(
-        high_water_mark=spec.high_water_mark, accepts=spec.table_filter.accepts,
+        high_water_mark=spec.high_water_mark, accepts=spec.tables.accepts,
         rows_per_batch=spec.rows_per_arrow_batch, type_names=getattr(decode, "type_names", None),
         catalog=lambda schema, table: catalog_table(conn, schema, table), row_filters=row_filters,
     )
+    reporter = ProgressReporter(spec.progress, spec.batch_number)
+    if on_assembler is not None:
+        on_assembler(asm)
     try:
         conn = connect(ConnectionTarget(spec.dsn, "task"), application_name=f"pgpoll ingest {spec.slot}")
         fast_row = getattr(decode, "fast_row", None)
@@ -154,10 +134,13 @@ def iter_batch(spec: BatchSpec, outcome: BatchOutcome) -> Iterator[pa.RecordBatc
         )
 
         def batches() -> Iterator[pa.RecordBatch]:
+            reporter.report("server", force=True)  # the server builds the whole result before the first row
             for lsn, xid, data in rows:
                 outcome.peeked_rows += 1
                 if outcome.peeked_rows == 1:
                     faults.crash_if("after-peek", spec.fault)
+                if not outcome.peeked_rows & 1023:
+                    reporter.report("fetch", outcome.peeked_rows, asm.changes)
                 try:
                     fields = fast_row(data) if fast_row is not None else None
                     if fields is not None:
@@ -185,12 +168,13 @@ def iter_batch(spec: BatchSpec, outcome: BatchOutcome) -> Iterator[pa.RecordBatc
         outcome.first_commit_lsn = asm.first_commit_lsn
         outcome.last_commit_lsn = asm.last_commit_lsn
         outcome.last_commit_ts = asm.last_commit_ts.isoformat() if asm.last_commit_ts else None
+        outcome.first_commit_ts = asm.first_commit_ts.isoformat() if asm.first_commit_ts else None
         outcome.schemas = {sid: described.to_json() for sid, described in asm.schemas.items()}
+        reporter.report("fetch", outcome.peeked_rows, asm.changes, force=True)
+        reporter.close()
         if conn is not None:
-            try:
+            with contextlib.suppress(Exception):
                 conn.close()
-            except Exception:
-                pass
 
 
 def _dispatch(asm: BatchAssembler, event: Any, lsn: int) -> Iterator[pa.RecordBatch]:
@@ -221,17 +205,101 @@ def _peak_rss_kb() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
+def _ignore_sigint() -> None:
+    """Leave Ctrl-C to the driver: a terminal sends SIGINT to the whole process group, Spark's
+    Python workers included, and PySpark's worker turns it into a KeyboardInterrupt traceback.
+    The driver cancels the job itself (see :mod:`pgpoll.ingest.stopping`)."""
+    import signal
+
+    with contextlib.suppress(ValueError):  # not the worker's main thread: nothing to do
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def spark_task(spec: BatchSpec, accumulator: Any) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function given to ``mapInArrow``: runs :func:`iter_batch` and reports through ``accumulator``."""
 
     def run(_input: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        _ignore_sigint()
         for _ in _input:
             pass
-        outcome = BatchOutcome()
+        outcome = BatchOutcome(writer=SPARK)
         try:
             yield from iter_batch(spec, outcome)
         finally:
             outcome.extra["task_peak_rss_kb"] = _peak_rss_kb()
             accumulator.add({"outcome": outcome})
+
+    return run
+
+
+def write_batch(spec: BatchSpec, outcome: BatchOutcome) -> None:
+    """Run :func:`iter_batch` and write its record batches to ``spec.target`` with pyarrow; fills ``outcome``.
+
+    The envelope goes to ``target.envelope`` as it is produced (one row group
+    per record batch, written on a :class:`WriterThread` that overlaps with
+    decoding; at most a few batches in memory); with ``spec.typed_tables`` each
+    table's typed rows go under ``target.tables`` in the same pass. A write
+    error is reported in ``outcome.error``; the driver discards the staging.
+    """
+    from pgpoll.sink.typed_tables import TypedTableWriters
+
+    target = spec.target
+    assert target is not None
+    typed_dir = target.tables if spec.typed_tables else None
+    holder: list[TypedTableWriters] = []
+
+    def ready(asm: BatchAssembler) -> None:
+        if typed_dir is not None:
+            holder.append(TypedTableWriters(typed_dir, target.ledgers, asm.schemas))
+
+    clear_directory(target.envelope)  # an earlier attempt of this task (the driver clears before each batch)
+    if typed_dir is not None:
+        clear_directory(typed_dir)
+    envelope = PartFiles(target.envelope)
+    writes = WriterThread()
+
+    def write(batch: pa.RecordBatch) -> None:
+        envelope.write(batch)
+        if holder:
+            holder[0].write(batch)
+
+    batches = iter_batch(spec, outcome, on_assembler=ready)
+    try:
+        for batch in batches:
+            if batch.num_rows:
+                writes.submit(lambda b=batch: write(b))  # type: ignore[misc]
+        writes.finish()
+        envelope.close()
+        if holder:
+            outcome.typed_files, outcome.ledgers = holder[0].close()
+        elif typed_dir is not None:
+            outcome.typed_files = {}
+    except Exception as exc:  # reported to the driver, which discards the staging
+        with contextlib.suppress(Exception):
+            writes.finish()
+        envelope.abort()
+        if holder:
+            holder[0].abort()
+        if outcome.error is None:
+            outcome.error = SinkError(
+                f"writing the batch failed: {type(exc).__name__}: {exc}", "check that the output is writable"
+            )
+    finally:
+        batches.close()
+
+
+def pyarrow_task(spec: BatchSpec) -> Callable[[Iterator[Any]], Iterator[BatchOutcome]]:
+    """The function of the batch's one-partition RDD job: :func:`write_batch`, then yield the outcome."""
+
+    def run(_input: Iterator[Any]) -> Iterator[BatchOutcome]:
+        _ignore_sigint()
+        for _ in _input:
+            pass
+        outcome = BatchOutcome(writer=PYARROW)
+        try:
+            write_batch(spec, outcome)
+        finally:
+            outcome.extra["task_peak_rss_kb"] = _peak_rss_kb()
+        yield outcome
 
     return run

@@ -11,7 +11,9 @@ The new state is written beside the old one (``DEST/<schema>.<table>.materializi
 not a name starting with ``_``, which Spark would treat as hidden) and then
 swapped in: the old directory is removed and the new one renamed, so for that
 moment readers find no state, and a crash in between leaves none (the next
-run rebuilds it). One run at a time per destination: there is no lock.
+run rebuilds it). One run at a time per destination: a second one exits 3 at
+once (:mod:`pgpoll.materialize.dest_lease`). ``--format delta`` writes each
+table as a Delta table instead (:mod:`pgpoll.materialize.delta_state`).
 """
 
 from __future__ import annotations
@@ -20,16 +22,17 @@ import json
 import logging
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 
-from pgpoll.errors import SinkError
-from pgpoll.ingest.task import TableFilter
+from pgpoll.errors import ConfigError, SinkError
 from pgpoll.lsn import Lsn
+from pgpoll.materialize.dest_lease import DestLease
 from pgpoll.materialize.state import StateColumn, StateResult, materialize
 from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CommitLog, CommitRecord
 from pgpoll.sink.filesystem import OutputFilesystem
 from pgpoll.sink.typed_tables import SchemaStore, load_ledger
+from pgpoll.table_patterns import TablePatterns
 from pgpoll.typed.mapping import spark_ddl
 from pgpoll.typed.rows import quote
 from pgpoll.typed.schemas import IDENTITY_FULL, TableSchema
@@ -49,7 +52,7 @@ class MaterializeOptions:
     output: str
     tables: tuple[str, ...] = ()
     exclude_tables: tuple[str, ...] = ()
-    to: Optional[str] = None
+    to: str | None = None
     full: bool = False
 
 
@@ -60,14 +63,19 @@ class TableState:
     table: str
     path: str
     rows: int
-    position: Optional[str]
+    position: str | None
     mode: str  # full, incremental or unchanged
     batches: int = 0
     warnings: list[str] = field(default_factory=list)
+    format: str = "parquet"
+    version: int | None = None  # the Delta table's version (--format delta)
 
     def to_json(self) -> str:
-        """One line of JSON."""
-        return json.dumps(asdict(self), sort_keys=True)
+        """One line of JSON (``version`` only for Delta)."""
+        out = asdict(self)
+        if self.version is None:
+            del out["version"]
+        return json.dumps(out, sort_keys=True)
 
 
 def _state_columns(described: TableSchema, ledger: Any) -> list[StateColumn]:
@@ -82,7 +90,7 @@ def _state_columns(described: TableSchema, ledger: Any) -> list[StateColumn]:
     return out
 
 
-def _latest_schema(events: Any, store: SchemaStore, fallback: Optional[str]) -> Optional[TableSchema]:
+def _latest_schema(events: Any, store: SchemaStore, fallback: str | None) -> TableSchema | None:
     """The shape of the table's newest change; a partial one (a test_decoding DELETE's old key) only
     when neither a full shape among the changes nor ``fallback`` (the previous state's) is known."""
     from pyspark.sql import functions as F
@@ -125,7 +133,7 @@ def _identity_segments(events: Any, store: SchemaStore) -> list[tuple[tuple[int,
         if shape.partial:
             continue
         if not out or (not _replay_key(out[-1][1])) != (not _replay_key(shape)):
-            out.append((lo, shape))  # type: ignore[arg-type]
+            out.append((lo, shape))
     return out
 
 
@@ -161,7 +169,7 @@ class Materializer:
         dest = opts.to or self.fs.path(layout.STATE)
         self.dest = OutputFilesystem(spark, dest)
         self.store = SchemaStore(self.fs)
-        self.filter = TableFilter(opts.tables, opts.exclude_tables)
+        self.filter = TablePatterns(opts.tables, opts.exclude_tables)
 
     def run(self) -> list[TableState]:
         """Materialize every selected table; returns what was done for each."""
@@ -173,6 +181,10 @@ class Materializer:
         if not names:
             raise SinkError(f"{self.opts.output} has no typed tables",
                             "ingest with --typed-tables (changes written before that are in changes/ only)")
+        with DestLease(self.dest, run=uuid.uuid4().hex[:12]):  # one materialize per DEST (exit 3 at once)
+            return self._run_tables(records, names)
+
+    def _run_tables(self, records: list[CommitRecord], names: list[str]) -> list[TableState]:
         for name, is_dir, _ in self.dest.list(self.dest.path("")):
             if is_dir and SCRATCH in name:
                 self.dest.delete(self.dest.path(name))
@@ -190,8 +202,11 @@ class Materializer:
             self.spark.conf.set(_CASE_SENSITIVE, saved)
         return out
 
-    def _read_marker(self, name: str) -> Optional[dict[str, Any]]:
+    def _read_marker(self, name: str) -> dict[str, Any] | None:
         path = self.dest.path(name, STATE_FILE)
+        if self.dest.exists(self.dest.path(name, "_delta_log")):
+            raise ConfigError(f"{self.dest.path(name)} is a Delta table (written with --format delta)",
+                              "materialize with --format delta, or into another --to DEST")
         if self.opts.full or not self.dest.exists(path):
             return None
         try:
@@ -210,10 +225,9 @@ class Materializer:
         todo = [r for r in records if position is None or r.end_lsn > position]
         if marker and not todo:
             return TableState(qualified, target, int(marker.get("rows", 0)), marker["position"], "unchanged")
-        events = (
-            self.spark.read.option("mergeSchema", "true").parquet(*[self.fs.path(layout.TABLES, name, r.partition) for r in todo])
-            if todo else None
-        )
+        # a record that names the table wrote its partition there (records without one have no tables)
+        partitions = [self.fs.path(layout.TABLES, name, r.partition) for r in todo if r.partition is not None]
+        events = self.spark.read.option("mergeSchema", "true").parquet(*partitions) if todo else None
         described = _latest_schema(events, self.store, marker["schema_id"] if marker else None) if events is not None else None
         if described is None and marker is not None:
             described = self.store.load(marker["schema_id"])
@@ -228,11 +242,12 @@ class Materializer:
             )
         ledger = load_ledger(self.fs, *parsed)
         columns = _state_columns(described, ledger)
-        renamed = {c.name: s.name for c, s in zip(described.columns, columns)}
+        renamed = {c.name: s.name for c, s in zip(described.columns, columns, strict=True)}
         key = [renamed.get(k, k) for k in key]
-        previous = _align(self.spark.read.parquet(target), columns) if marker else None
+        previous = _align(self._read_previous(name), columns) if marker else None
         segments = _identity_segments(events, self.store) if events is not None else []
-        if len(segments) > 1:  # the table's replica identity changed: replay each stretch the way it was written
+        if events is not None and len(segments) > 1:
+            # the table's replica identity changed: replay each stretch the way it was written
             unresolved = 0
             for i, (start, shape) in enumerate(segments):
                 stretch = _from(events, start) if i else events
@@ -250,21 +265,36 @@ class Materializer:
             )
         for w in warnings:
             log.warning("%s", w)
-        scratch = self.dest.path(f"{name}{SCRATCH}{uuid.uuid4().hex[:8]}")
-        result.frame.write.parquet(scratch)
-        rows = self.spark.read.parquet(scratch).count()
         end = (todo[-1] if todo else records[-1]).end if records else marker["position"]  # type: ignore[index]
-        new_marker = {"position": end, "rows": rows, "schema_id": described.schema_id, "table": qualified}
-        self.dest.write_text(f"{scratch}/{STATE_FILE}", json.dumps(new_marker, sort_keys=True))
-        self.dest.delete(target)
-        self.dest.rename(scratch, target)
+        rows = self._write(name, result.frame, {"position": end, "schema_id": described.schema_id, "table": qualified}, key)
         return TableState(qualified, target, rows, end, "incremental" if marker else "full", len(todo), warnings)
 
+    def _read_previous(self, name: str) -> Any:
+        """The previous state of one table as a Spark frame."""
+        return self.spark.read.parquet(self.dest.path(name))
 
-def run_materialize(opts: MaterializeOptions, spark: Any = None) -> list[TableState]:
-    """Materialize the typed tables of ``opts.output``; see :class:`Materializer`."""
+    def _write(self, name: str, frame: Any, marker: dict[str, Any], key: list[str]) -> int:
+        """Write and publish the new state of one table (``key``: its identity columns); returns its rows."""
+        scratch = self.dest.path(f"{name}{SCRATCH}{uuid.uuid4().hex[:8]}")
+        frame.write.parquet(scratch)
+        rows: int = self.spark.read.parquet(scratch).count()
+        self.dest.write_text(f"{scratch}/{STATE_FILE}", json.dumps({**marker, "rows": rows}, sort_keys=True))
+        target = self.dest.path(name)
+        self.dest.delete(target)
+        self.dest.rename(scratch, target)
+        return rows
+
+
+def run_materialize(
+    opts: MaterializeOptions, spark: Any = None, *, materializer: type[Materializer] | None = None
+) -> list[TableState]:
+    """Materialize the typed tables of ``opts.output``; see :class:`Materializer` (or ``materializer``,
+    e.g. :class:`pgpoll.materialize.delta_state.DeltaMaterializer`)."""
     if spark is None:
-        from pgpoll.ingest.run import _spark_session
+        from pgpoll.spark.session import spark_session
 
-        spark = _spark_session()
-    return Materializer(spark, opts).run()
+        spark = spark_session("pgpoll-materialize")
+    from pgpoll.spark.session import configure_writes
+
+    configure_writes(spark)
+    return (materializer or Materializer)(spark, opts).run()

@@ -30,8 +30,9 @@ every earlier change are dropped.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from pgpoll.typed.mapping import PgType, spark_ddl
 from pgpoll.typed.rows import quote
@@ -78,7 +79,7 @@ def _frame_columns(frame: Any) -> set[str]:
 
 
 def materialize(
-    events: Optional[Any], previous: Optional[Any], columns: Sequence[StateColumn], key: Sequence[str]
+    events: Any | None, previous: Any | None, columns: Sequence[StateColumn], key: Sequence[str]
 ) -> StateResult:
     """The new state from ``previous`` (a state frame, or None) and ``events`` (typed changes, or None).
 
@@ -121,7 +122,7 @@ def _sortable(untyped: Any) -> Any:
     return F.array_sort(F.map_entries(F.coalesce(untyped, F.create_map().cast("map<string,string>"))))
 
 
-def _multiset(events: Any, previous: Optional[Any], columns: Sequence[StateColumn], row: list, old: list,
+def _multiset(events: Any, previous: Any | None, columns: Sequence[StateColumn], row: list[Any], old: list[Any],
               untyped_main: Any, old_untyped: Any) -> Any:
     from pyspark.sql import functions as F
 
@@ -130,7 +131,7 @@ def _multiset(events: Any, previous: Optional[Any], columns: Sequence[StateColum
     new_values = [
         F.when(F.array_contains(F.coalesce("_unchanged_toast", F.array().cast("array<string>")), c.name), o).otherwise(r)
         .alias(c.name)
-        for c, r, o in zip(columns, row, old)
+        for c, r, o in zip(columns, row, old, strict=True)
     ]
     plus = events.where(F.col("_op").isin("I", "U")).select(
         *new_values, _sortable(untyped_main).alias("__pgpoll_u"), F.lit(1).alias("__pgpoll_n"), "_commit_lsn", "_commit_ts")
@@ -144,22 +145,27 @@ def _multiset(events: Any, previous: Optional[Any], columns: Sequence[StateColum
             *[F.col(quote(n)) for n in names], _sortable(F.col("_untyped")).alias("__pgpoll_u"), F.lit(1).alias("__pgpoll_n"),
             "_commit_lsn", "_commit_ts"))
     counted = facts.groupBy(*[F.col(quote(n)) for n in names], "__pgpoll_u").agg(
-        F.sum("__pgpoll_n").alias("__pgpoll_count"), F.max("_commit_lsn").alias("_commit_lsn"), F.max("_commit_ts").alias("_commit_ts"))
-    kept = counted.where(F.col("__pgpoll_count") > 0).withColumn("__pgpoll_copy", F.explode(F.array_repeat(F.lit(1), F.col("__pgpoll_count").cast("int"))))
+        F.sum("__pgpoll_n").alias("__pgpoll_count"), F.max("_commit_lsn").alias("_commit_lsn"),
+        F.max("_commit_ts").alias("_commit_ts"))
+    kept = counted.where(F.col("__pgpoll_count") > 0).withColumn(
+        "__pgpoll_copy", F.explode(F.array_repeat(F.lit(1), F.col("__pgpoll_count").cast("int"))))
     untyped = F.when(F.size("__pgpoll_u") > 0, F.map_from_entries("__pgpoll_u")).otherwise(F.lit(None).cast("map<string,string>"))
     return kept.select(*[F.col(quote(n)) for n in names], untyped.alias("_untyped"), "_commit_lsn", "_commit_ts")
 
 
-def _keyed(events: Any, previous: Optional[Any], columns: Sequence[StateColumn], key: list[str], row: list,
-           old: list, untyped_main: Any, have: set[str]) -> StateResult:
-    from pyspark.sql import functions as F
+def _keyed(events: Any, previous: Any | None, columns: Sequence[StateColumn], key: list[str], row: list[Any],
+           old: list[Any], untyped_main: Any, have: set[str]) -> StateResult:
     from pyspark.sql import Window
+    from pyspark.sql import functions as F
 
     names = [c.name for c in columns]
     ev = events.select(
-        "_op", "_commit_lsn", "_seq", "_commit_ts", F.coalesce("_unchanged_toast", F.array().cast("array<string>")).alias("__pgpoll_toast"),
-        F.struct(*row).alias("__pgpoll_new"), F.struct(*old).alias("__pgpoll_old"), F.col("_before").isNotNull().alias("__pgpoll_has_old"),
-        untyped_main.alias("__pgpoll_u"), F.coalesce("_untyped", F.create_map().cast("map<string,string>")).alias("__pgpoll_all_u"),
+        "_op", "_commit_lsn", "_seq", "_commit_ts",
+        F.coalesce("_unchanged_toast", F.array().cast("array<string>")).alias("__pgpoll_toast"),
+        F.struct(*row).alias("__pgpoll_new"), F.struct(*old).alias("__pgpoll_old"),
+        F.col("_before").isNotNull().alias("__pgpoll_has_old"),
+        untyped_main.alias("__pgpoll_u"),
+        F.coalesce("_untyped", F.create_map().cast("map<string,string>")).alias("__pgpoll_all_u"),
     )
     # a key holds the typed values and, for values the typed column cannot hold (NaN, infinity), their exact text
     new_key = F.struct(*[F.col("__pgpoll_new." + quote(k)).alias(k) for k in key],
@@ -172,12 +178,17 @@ def _keyed(events: Any, previous: Optional[Any], columns: Sequence[StateColumn],
     values = [F.col("__pgpoll_new." + quote(n)).alias(n) for n in names]
     gone = [F.lit(None).cast(spark_ddl(c.type)).alias(c.name) for c in columns]
     rows = ev.where(F.col("_op").isin("I", "U")).select(
-        F.col("__pgpoll_nk").alias("__pgpoll_k"), "_commit_lsn", "_seq", F.lit(1).alias("__pgpoll_sub"), F.lit(True).alias("__pgpoll_alive"), *values,
+        F.col("__pgpoll_nk").alias("__pgpoll_k"), "_commit_lsn", "_seq", F.lit(1).alias("__pgpoll_sub"),
+        F.lit(True).alias("__pgpoll_alive"), *values,
         "__pgpoll_toast", "__pgpoll_u", "_commit_ts",
-        F.when((F.col("_op") == "U") & (~F.col("__pgpoll_ok").eqNullSafe(F.col("__pgpoll_nk"))), F.col("__pgpoll_ok")).alias("__pgpoll_src"),
+        F.when((F.col("_op") == "U") & (~F.col("__pgpoll_ok").eqNullSafe(F.col("__pgpoll_nk"))), F.col("__pgpoll_ok"))
+        .alias("__pgpoll_src"),
     )
-    moved_away = ev.where(((F.col("_op") == "U") & (~F.col("__pgpoll_ok").eqNullSafe(F.col("__pgpoll_nk")))) | (F.col("_op") == "D")).select(
-        F.col("__pgpoll_ok").alias("__pgpoll_k"), "_commit_lsn", "_seq", F.lit(0).alias("__pgpoll_sub"), F.lit(False).alias("__pgpoll_alive"), *gone,
+    moved_away = ev.where(
+        ((F.col("_op") == "U") & (~F.col("__pgpoll_ok").eqNullSafe(F.col("__pgpoll_nk")))) | (F.col("_op") == "D")
+    ).select(
+        F.col("__pgpoll_ok").alias("__pgpoll_k"), "_commit_lsn", "_seq", F.lit(0).alias("__pgpoll_sub"),
+        F.lit(False).alias("__pgpoll_alive"), *gone,
         F.array().cast("array<string>").alias("__pgpoll_toast"), F.lit(None).cast("map<string,string>").alias("__pgpoll_u"),
         "_commit_ts", F.lit(None).cast(ev.schema["__pgpoll_nk"].dataType).alias("__pgpoll_src"),
     )
@@ -199,7 +210,8 @@ def _keyed(events: Any, previous: Optional[Any], columns: Sequence[StateColumn],
     if toasted:
         facts, unresolved = _resolve_toast(facts, toasted)
     order = Window.partitionBy("__pgpoll_k").orderBy(F.desc("_commit_lsn"), F.desc("_seq"), F.desc("__pgpoll_sub"))
-    latest = facts.withColumn("__pgpoll_rank", F.row_number().over(order)).where((F.col("__pgpoll_rank") == 1) & F.col("__pgpoll_alive"))
+    latest = facts.withColumn("__pgpoll_rank", F.row_number().over(order)).where(
+        (F.col("__pgpoll_rank") == 1) & F.col("__pgpoll_alive"))
     return StateResult(
         latest.select(*[F.col(quote(n)) for n in names], F.col("__pgpoll_u").alias("_untyped"),
                       F.when(F.col("_commit_lsn") >= 0, F.col("_commit_lsn")).alias("_commit_lsn"), "_commit_ts"),
@@ -215,10 +227,13 @@ def _other_than(name: str) -> Any:
 
 def _resolve_toast(facts: Any, toasted: list[str], rounds: int = 8) -> tuple[Any, int]:
     """Fill unchanged TOAST values from the row's earlier value (see the module docstring)."""
-    from pyspark.sql import functions as F
     from pyspark.sql import Window
+    from pyspark.sql import functions as F
 
-    prior = Window.partitionBy("__pgpoll_k").orderBy("_commit_lsn", "_seq", "__pgpoll_sub").rowsBetween(Window.unboundedPreceding, -1)
+    prior = (
+        Window.partitionBy("__pgpoll_k").orderBy("_commit_lsn", "_seq", "__pgpoll_sub")
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
     known = {n: f"__pgpoll_kn{i}" for i, n in enumerate(toasted)}
     position = F.struct("_commit_lsn", "_seq", "__pgpoll_sub")
     for n, flag in known.items():
@@ -241,12 +256,14 @@ def _resolve_toast(facts: Any, toasted: list[str], rounds: int = 8) -> tuple[Any
             )
         # rows moved to a new key in an UPDATE: their old key's value just before the move
         sources = facts.where(F.col("__pgpoll_sub") == 0).select(
-            F.col("__pgpoll_k").alias("__pgpoll_src"), F.col("_commit_lsn").alias("__pgpoll_s_lsn"), F.col("_seq").alias("__pgpoll_s_seq"),
+            F.col("__pgpoll_k").alias("__pgpoll_src"), F.col("_commit_lsn").alias("__pgpoll_s_lsn"),
+            F.col("_seq").alias("__pgpoll_s_seq"),
             *[F.col(f"{flag}_p").alias(f"{flag}_s") for flag in known.values()],
         )
         facts = facts.join(
             sources,
-            (facts["__pgpoll_src"] == sources["__pgpoll_src"]) & (facts["_commit_lsn"] == sources["__pgpoll_s_lsn"]) & (facts["_seq"] == sources["__pgpoll_s_seq"]),
+            (facts["__pgpoll_src"] == sources["__pgpoll_src"]) & (facts["_commit_lsn"] == sources["__pgpoll_s_lsn"])
+            & (facts["_seq"] == sources["__pgpoll_s_seq"]),
             "left",
         ).drop(sources["__pgpoll_src"]).drop("__pgpoll_s_lsn", "__pgpoll_s_seq")
         for n, flag in known.items():
@@ -267,7 +284,8 @@ def _resolve_toast(facts: Any, toasted: list[str], rounds: int = 8) -> tuple[Any
     for n, flag in known.items():
         entry = F.when(F.col(f"{flag}_raw").isNotNull(), F.create_map(F.lit(n), F.col(f"{flag}_raw")))
         facts = facts.withColumn(
-            "__pgpoll_u", F.when(entry.isNotNull(), F.map_concat(F.coalesce("__pgpoll_u", F.create_map().cast("map<string,string>")), entry))
+            "__pgpoll_u",
+            F.when(entry.isNotNull(), F.map_concat(F.coalesce("__pgpoll_u", F.create_map().cast("map<string,string>")), entry))
             .otherwise(F.col("__pgpoll_u")))
     facts = facts.drop(*known.values(), *[f"{f}_raw" for f in known.values()])
     return facts, max(unknown, 0)

@@ -46,20 +46,19 @@ compile time: :meth:`TableFilters.check_types` at start-up.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 from pgpoll.errors import ConfigError
 from pgpoll.rowfilter.expression import RowFilter
-from pgpoll.rowfilter.nodes import (
-    Between, BoolOp, BoolTest, ColumnRef, Compare, Const, Distinct, Expr, InList, Not, NullTest,
-)
-from pgpoll.rowfilter.values import family_of, key, num_key
+from pgpoll.rowfilter.nodes import Between, BoolOp, BoolTest, ColumnRef, Compare, Const, Distinct, Expr, InList, Not, NullTest
+from pgpoll.rowfilter.operands import family_of, key, num_key
 
 __all__ = ["TableFilters", "compile_filter"]
 
-Row = Mapping[str, Optional[str]]
-Pred = Callable[[Row], Optional[bool]]
+Row = Mapping[str, str | None]
+Pred = Callable[[Row], bool | None]
 _NUMERIC = ("int", "numeric", "float4", "float8")
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "=": operator.eq, "<>": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
@@ -70,9 +69,9 @@ _OPS: dict[str, Callable[[Any, Any], bool]] = {
 class _Operand:
     """One side of a comparison: its family and how to read its raw value from a row."""
 
-    __slots__ = ("family", "type_name", "read", "const")
+    __slots__ = ("const", "family", "read", "type_name")
 
-    def __init__(self, family: str, type_name: str, read: Callable[[Row], Any], const: Optional[Const] = None) -> None:
+    def __init__(self, family: str, type_name: str, read: Callable[[Row], Any], const: Const | None = None) -> None:
         self.family, self.type_name, self.read, self.const = family, type_name, read, const
 
 
@@ -112,7 +111,7 @@ class _Compiler:
             raise self.fail(f"{const.text!r} is not a valid {type_name} ({exc})",
                             f"write the constant as a {type_name} value, e.g. ISO dates '2024-01-31'") from None
 
-    def domain(self, left: _Operand, right: _Operand, op: str) -> Optional[tuple[str, str, str]]:
+    def domain(self, left: _Operand, right: _Operand, op: str) -> tuple[str, str, str] | None:
         """(domain, left type, right type) for comparing ``left`` and ``right``; None: always NULL."""
         lf, rf = left.family, right.family
         if "null" in (lf, rf) or "absent" in (lf, rf):
@@ -137,7 +136,7 @@ class _Compiler:
                         "compare a column with a constant of its kind (numbers, text, booleans, dates, timestamps; "
                         "other types: = or <> with a '...' constant)")
 
-    def comparison(self, op: str, left_node: Expr, right_node: Expr) -> Optional[Callable[[Row], tuple[Any, Any]]]:
+    def comparison(self, op: str, left_node: Expr, right_node: Expr) -> Callable[[Row], tuple[Any, Any]] | None:
         """A function row -> (left key, right key), keys None for NULL; None when always NULL."""
         left, right = self.operand(left_node), self.operand(right_node)
         resolved = self.domain(left, right, op)
@@ -151,25 +150,29 @@ class _Compiler:
             if side.const is not None:
                 own = self.literal_key(fam, type_name, side.const)  # checks the constant against its type
                 fixed = own if fam == dom else convert((side.const.text or "").strip())
-                readers.append(lambda row, fixed=fixed: fixed)
+
+                def fixed_key(row: Row, fixed: Any = fixed) -> Any:
+                    return fixed
+                readers.append(fixed_key)
             else:
-                read = side.read
-                readers.append(lambda row, read=read, convert=convert: None if (raw := read(row)) is None else convert(raw))
+                def read_key(row: Row, read: Callable[[Row], Any] = side.read, convert: Callable[[Any], Any] = convert) -> Any:
+                    return None if (raw := read(row)) is None else convert(raw)
+                readers.append(read_key)
         lread, rread = readers
         return lambda row: (lread(row), rread(row))
 
     def predicate(self, node: Expr) -> Pred:
         if isinstance(node, Compare):
-            pair = self.comparison(node.op, node.left, node.right)
-            if pair is None:
+            keys = self.comparison(node.op, node.left, node.right)
+            if keys is None:
                 return lambda row: None
             test = _OPS[node.op]
-            return lambda row: None if None in (vals := pair(row)) else test(vals[0], vals[1])
+            return lambda row: None if None in (vals := keys(row)) else test(vals[0], vals[1])
         if isinstance(node, BoolOp):
             preds = [self.predicate(arg) for arg in node.args]
             stop = node.op == "OR"
 
-            def combine(row: Row) -> Optional[bool]:
+            def combine(row: Row) -> bool | None:
                 unknown = False
                 for pred in preds:
                     value = pred(row)
@@ -197,7 +200,8 @@ class _Compiler:
                     return (lnull != rnull) != node.negated
                 assert pair is not None
                 a, b = pair(row)
-                return (a != b) != node.negated
+                different: bool = a != b
+                return different != node.negated
             return distinct
         if isinstance(node, InList):
             op, join = ("<>", "AND") if node.negated else ("=", "OR")
@@ -250,7 +254,7 @@ class TableFilters:
         self._by_table: dict[tuple[str, str], list[RowFilter]] = {}
         for row_filter in filters:
             self._by_table.setdefault((row_filter.schema, row_filter.table), []).append(row_filter)
-        self._compiled: dict[tuple[str, str, tuple[Optional[str], ...]], Callable[[Row], bool]] = {}
+        self._compiled: dict[tuple[str, str, tuple[str | None, ...]], Callable[[Row], bool]] = {}
         self._columns = {key: sorted(set().union(*(f.columns() for f in fs))) for key, fs in self._by_table.items()}
 
     def tables(self) -> list[tuple[str, str]]:
@@ -285,10 +289,10 @@ class TableFilters:
         op: str,
         schema: str,
         table: str,
-        before: Optional[Mapping[str, Optional[str]]],
-        after: Optional[Mapping[str, Optional[str]]],
+        before: Mapping[str, str | None] | None,
+        after: Mapping[str, str | None] | None,
         types: Mapping[str, str],
-    ) -> Optional[tuple[str, Optional[Mapping[str, Optional[str]]], Optional[Mapping[str, Optional[str]]]]]:
+    ) -> tuple[str, Mapping[str, str | None] | None, Mapping[str, str | None] | None] | None:
         """The change to emit as ``(op, before, after)``, or None to drop it (see the module docstring).
 
         Filters on non-key columns are refused at start-up unless the

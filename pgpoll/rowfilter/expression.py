@@ -30,32 +30,58 @@ modifiers. Nothing is passed to ``eval``/``exec`` or to a server.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Optional
 
 from pgpoll.errors import ConfigError
 from pgpoll.rowfilter.nodes import (
-    Between, BoolOp, BoolTest, ColumnRef, Compare, Const, Distinct, Expr, InList, Not, NullTest, columns_of,
+    Between,
+    BoolOp,
+    BoolTest,
+    ColumnRef,
+    Compare,
+    Const,
+    Distinct,
+    Expr,
+    InList,
+    Not,
+    NullTest,
+    columns_of,
 )
+from pgpoll.rowfilter.tokens import FIX_SUBSET, Token, refuse, tokenize
 
-__all__ = ["Between", "BoolOp", "BoolTest", "ColumnRef", "Compare", "Const", "Distinct", "Expr",
-           "InList", "Not", "NullTest", "RowFilter", "SYSTEM_COLUMNS", "parse_row_filter"]
+__all__ = [
+    "SYSTEM_COLUMNS",
+    "Between",
+    "BoolOp",
+    "BoolTest",
+    "ColumnRef",
+    "Compare",
+    "Const",
+    "Distinct",
+    "Expr",
+    "InList",
+    "Not",
+    "NullTest",
+    "RowFilter",
+    "parse_row_filter",
+]
 
 #: PostgreSQL's system columns; PostgreSQL refuses them in row filters.
 SYSTEM_COLUMNS = frozenset({"tableoid", "xmin", "cmin", "xmax", "cmax", "ctid", "oid"})
 
 # Reserved words (and type/func-name keywords) that cannot be a bare column name here.
-_RESERVED = frozenset(
-    "all analyse analyze and any array as asc asymmetric authorization between binary both case cast check "
-    "collate collation column concurrently constraint create cross current_catalog current_date current_role "
-    "current_schema current_time current_timestamp current_user default deferrable desc distinct do else end "
-    "except exists false fetch for foreign freeze from full grant group having ilike in initially inner "
-    "intersect into is isnull join lateral leading left like limit localtime localtimestamp natural not "
-    "notnull null offset on only or order outer overlaps placing primary references returning right select "
-    "session_user similar some symmetric system_user table tablesample then to trailing true union unique "
-    "unknown user using values variadic verbose when where window with".split()
-)
+_RESERVED = frozenset([
+    "all", "analyse", "analyze", "and", "any", "array", "as", "asc", "asymmetric", "authorization", "between",
+    "binary", "both", "case", "cast", "check", "collate", "collation", "column", "concurrently", "constraint",
+    "create", "cross", "current_catalog", "current_date", "current_role", "current_schema", "current_time",
+    "current_timestamp", "current_user", "default", "deferrable", "desc", "distinct", "do", "else", "end", "except",
+    "exists", "false", "fetch", "for", "foreign", "freeze", "from", "full", "grant", "group", "having", "ilike", "in",
+    "initially", "inner", "intersect", "into", "is", "isnull", "join", "lateral", "leading", "left", "like", "limit",
+    "localtime", "localtimestamp", "natural", "not", "notnull", "null", "offset", "on", "only", "or", "order",
+    "outer", "overlaps", "placing", "primary", "references", "returning", "right", "select", "session_user",
+    "similar", "some", "symmetric", "system_user", "table", "tablesample", "then", "to", "trailing", "true", "union",
+    "unique", "unknown", "user", "using", "values", "variadic", "verbose", "when", "where", "window", "with",
+])
 _SUBQUERY_WORDS = frozenset({"select", "with", "values", "table", "exists"})
 _COMPARISON = {"=": "=", "<>": "<>", "!=": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 _TYPES = {tuple(alias.split()): name for name, aliases in (
@@ -65,101 +91,6 @@ _TYPES = {tuple(alias.split()): name for name, aliases in (
     ("date", "date"), ("timestamp without time zone", "timestamp|timestamp without time zone"),
     ("timestamp with time zone", "timestamptz|timestamp with time zone"),
 ) for alias in aliases.split("|")}
-_OP_CHARS = "+-*/<>=~!@#%^&|`?"
-_NUMBER = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-_IDENT_TAIL = re.compile(r"[A-Za-z0-9_\u0080-\U0010ffff]*")
-
-Token = tuple[str, str, int]  # (kind, value, offset); kinds: ident qident num str op punct end
-
-
-def _refuse(what: str, fix: str, spec: str, pos: int) -> ConfigError:
-    return ConfigError(f"row filter {spec!r}: {what} (at offset {pos})", fix)
-
-
-_FIX_SUBSET = ("use only columns, constants, comparisons (= <> < <= > >=), AND/OR/NOT, IS [NOT] NULL, "
-               "IS [NOT] TRUE/FALSE, [NOT] IN (...), [NOT] BETWEEN and 'literal'::type")
-
-
-def _quoted(text: str, i: int, spec: str, base: int) -> tuple[str, int]:
-    """The body of the '...' or "..." starting at ``i`` (doubled quotes undone) and the offset after it."""
-    quote, j, parts = text[i], i + 1, []
-    while True:
-        k = text.find(quote, j)
-        if k < 0:
-            what = "string constant" if quote == "'" else "quoted identifier"
-            raise _refuse(f"unterminated {what}", f"close it with {quote}", spec, base + i)
-        parts.append(text[j:k])
-        if not text.startswith(quote * 2, k):
-            return "".join(parts), k + 1
-        parts.append(quote)
-        j = k + 2
-
-
-def _tokenize(text: str, spec: str, base: int) -> list[Token]:
-    """Split ``text`` into tokens; refuse every character outside the subset."""
-    out: list[Token] = []
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        at = base + i
-        if c.isspace():
-            i += 1
-        elif c == "\x00":
-            raise _refuse("NUL character", "remove it", spec, at)
-        elif c == "\\":
-            raise _refuse("backslash", "write characters as themselves inside '...' (no escapes)", spec, at)
-        elif c == ";":
-            raise _refuse("';' is not allowed", "give one expression, without ';'", spec, at)
-        elif c == "$":
-            raise _refuse("'$' (parameters, dollar quoting) is not allowed", "use '...' string constants", spec, at)
-        elif text.startswith("--", i) or text.startswith("/*", i):
-            raise _refuse("comments are not allowed", "remove the comment", spec, at)
-        elif c in "'\"":
-            value, i = _quoted(text, i, spec, base)
-            if c == "'" and "\\" in value:
-                raise _refuse("backslash", "write characters as themselves inside '...' (no escapes)", spec, at)
-            if c == '"' and not value:
-                raise _refuse("zero-length quoted identifier", 'give a name between the "..."', spec, at)
-            out.append(("str" if c == "'" else "qident", value, at))
-        elif c.isdigit() or (c == "." and i + 1 < n and text[i + 1].isdigit()):
-            m = _NUMBER.match(text, i)
-            assert m is not None
-            i = m.end()
-            if i < n and (text[i].isalnum() or text[i] in "_.'\""):
-                raise _refuse(f"trailing junk after numeric constant {text[m.start():i + 1]!r}",
-                              "write plain decimal numbers (no 0x, no _ separators)", spec, at)
-            out.append(("num", m.group(), at))
-        elif c.isalpha() or c == "_":
-            m = _IDENT_TAIL.match(text, i + 1)
-            assert m is not None
-            word = text[i:m.end()]
-            i = m.end()
-            if i < n and text[i] == "'":
-                raise _refuse(f"prefixed string {word}'...' is not allowed",
-                              "use a plain '...' string (no E'', U&'', B'', X'', or type 'literal' forms)", spec, at)
-            out.append(("ident", "".join(ch.lower() if "A" <= ch <= "Z" else ch for ch in word), at))
-        elif c in _OP_CHARS:
-            j = i
-            while j < n and text[j] in _OP_CHARS and not text.startswith("--", j) and not text.startswith("/*", j):
-                j += 1
-            op = text[i:j]
-            # PostgreSQL's lexer: a multi-char operator ends in + or - only if it holds one of ~!@#%^&|`?
-            while len(op) > 1 and op[-1] in "+-" and not any(ch in "~!@#%^&|`?" for ch in op):
-                op = op[:-1]
-            out.append(("op", op, at))
-            i += len(op)
-        elif text.startswith("::", i):
-            out.append(("punct", "::", at))
-            i += 2
-        elif c in "(),.:":
-            out.append(("punct", c, at))
-            i += 1
-        else:
-            raise _refuse(f"character {c!r} is not allowed", _FIX_SUBSET, spec, at)
-    out.append(("end", "", base + n))
-    return out
-
-
 class _Parser:
     """Recursive descent over the token list (one instance per expression)."""
 
@@ -187,9 +118,9 @@ class _Parser:
     def punct(self, p: str) -> bool:
         return self.accept("punct", p)
 
-    def fail(self, what: str, fix: str = _FIX_SUBSET, tok: Optional[Token] = None) -> ConfigError:
+    def fail(self, what: str, fix: str = FIX_SUBSET, tok: Token | None = None) -> ConfigError:
         tok = tok or self.peek()
-        return _refuse(what, fix, self.spec, tok[2])
+        return refuse(what, fix, self.spec, tok[2])
 
     def expect_punct(self, p: str) -> None:
         if not self.punct(p):
@@ -275,7 +206,7 @@ class _Parser:
                 raise self.fail("expected AND in BETWEEN", "write x BETWEEN low AND high")
             return Between(node, low, self.primary(), negated)
         if self.word("like", "ilike", "similar"):
-            raise self.fail(f"{self.toks[self.pos - 1][1].upper()} is not allowed", _FIX_SUBSET, self.toks[self.pos - 1])
+            raise self.fail(f"{self.toks[self.pos - 1][1].upper()} is not allowed", FIX_SUBSET, self.toks[self.pos - 1])
         return node
 
     def primary(self) -> Expr:
@@ -283,7 +214,7 @@ class _Parser:
         kind, value, _ = tok
         if kind == "punct" and value == "(":
             if self.peek()[0] == "ident" and self.peek()[1] in _SUBQUERY_WORDS:
-                raise self.fail("subqueries are not allowed", _FIX_SUBSET)
+                raise self.fail("subqueries are not allowed", FIX_SUBSET)
             node = self.expression()
             self.expect_punct(")")
             return self._no_cast(node)
@@ -291,14 +222,14 @@ class _Parser:
             num = self.take()[1]
             return self._cast(self._number(("-" if value == "-" else "") + num))
         if kind == "op":
-            raise self.fail(f"operator {value!r} is not allowed", _FIX_SUBSET, tok)
+            raise self.fail(f"operator {value!r} is not allowed", FIX_SUBSET, tok)
         if kind == "num":
             return self._cast(self._number(value))
         if kind == "str":
             return self._cast(Const("string", value))
         if kind in ("ident", "qident"):
             if self.peek()[:2] == ("punct", "("):
-                raise self.fail(f"function call {value}(...) is not allowed", _FIX_SUBSET, tok)
+                raise self.fail(f"function call {value}(...) is not allowed", FIX_SUBSET, tok)
             if self.peek()[:2] == ("punct", "."):
                 raise self.fail("qualified names (x.y) are not allowed", "name the column alone", tok)
             if kind == "ident":
@@ -307,14 +238,14 @@ class _Parser:
                 if value == "null":
                     return self._cast(Const("null", None))
                 if value in _SUBQUERY_WORDS:
-                    raise self.fail("subqueries are not allowed", _FIX_SUBSET, tok)
+                    raise self.fail("subqueries are not allowed", FIX_SUBSET, tok)
                 if value in _RESERVED:
                     raise self.fail(f"{value.upper()} is not allowed here",
-                                    f'{_FIX_SUBSET} (quote a column named {value} as "{value}")', tok)
+                                    f'{FIX_SUBSET} (quote a column named {value} as "{value}")', tok)
             if value in SYSTEM_COLUMNS:
                 raise self.fail(f"system column {value} is not allowed", "filter on the table's own columns", tok)
             return self._no_cast(ColumnRef(value))
-        raise self.fail(f"expected a column or a constant, found {self._show(tok)}", _FIX_SUBSET, tok)
+        raise self.fail(f"expected a column or a constant, found {self._show(tok)}", FIX_SUBSET, tok)
 
     def _number(self, text: str) -> Const:
         plain = text.lstrip("-")
@@ -370,9 +301,9 @@ def parse_row_filter(spec: str) -> RowFilter:
     """
     if not isinstance(spec, str):
         raise ConfigError(f"row filter must be text, not {type(spec).__name__}", _SPEC_FIX)
-    toks = _tokenize(spec, spec, 0)
+    toks = tokenize(spec, spec, 0)
     parser = _Parser(toks, spec)
-    names = []
+    names: list[str] = []
     while parser.peek()[0] in ("ident", "qident") and len(names) < 2:
         names.append(parser.take()[1])
         if not parser.punct("."):

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import TypeAlias
 
 __all__ = [
     "Between", "BoolOp", "BoolTest", "ColumnRef", "Compare", "Const", "Distinct", "Expr",
@@ -31,8 +31,8 @@ class Const:
     """
 
     kind: str
-    text: Optional[str]
-    cast: Optional[str] = None
+    text: str | None
+    cast: str | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class BoolTest:
     """``arg IS [NOT] TRUE|FALSE|UNKNOWN``; ``value`` None stands for UNKNOWN."""
 
     arg: Expr
-    value: Optional[bool]
+    value: bool | None
     negated: bool
 
 
@@ -104,7 +104,7 @@ class Between:
     negated: bool
 
 
-Expr = Union[ColumnRef, Const, Compare, BoolOp, Not, NullTest, BoolTest, Distinct, InList, Between]
+Expr: TypeAlias = ColumnRef | Const | Compare | BoolOp | Not | NullTest | BoolTest | Distinct | InList | Between
 
 
 def _walk(node: Expr, out: set[str]) -> None:

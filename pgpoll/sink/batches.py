@@ -1,166 +1,217 @@
-"""Publishing batches into the output, and recovering after a crash.
+"""Publishing batches into the output behind the commit log's fence.
 
-A batch is written by Spark into ``_pgpoll/staging/<id>/`` (readers never
-look there), then published in three steps: a manifest listing its files is
-written into the staged directory; the directory is renamed to
-``changes/lsn_range=<start>-<end>``; the commit-log record is written. Only
-then does the caller advance the slot. With typed tables, each table's
-staged directory is renamed to ``tables/<table>/lsn_range=<start>-<end>``
-first, and the envelope's manifest lists their files too.
+The driver's order for every batch::
 
-Recovery at the start of every run is deterministic:
+    plan = sink.plan()               # recovery, then staging/<id>.plan.json {planned_on: head N}
+    ... Spark writes plan.staging (and typed tables under plan.tables_staging) ...
+    record = sink.publish(plan, ...) # create record N+1 (the compare-and-set), then move the files
+    ... advance the slot to record.end ...
 
-* everything under ``staging/`` is removed (never published; the slot was not
-  advanced past it, so the next peek returns those changes again);
-* a partition under ``changes/`` without a commit-log record is *adopted*
-  (its record is written) when its manifest is present and every listed file
-  exists with the listed size — the crash came between rename and record;
-  otherwise it is removed (a rename cut short on a store without atomic
-  rename). Either way the slot still holds its changes, so nothing is lost.
-  A typed-table partition that no commit-log record lists is removed.
+``plan`` writes the plan file *before* Spark writes ``staging/<id>/``, so
+recovery always knows which record a staged batch was planned on (see
+:mod:`pgpoll.sink.recovery`). ``publish`` creates record N+1 naming the
+staged files and the target partition; if another run created it first this
+run lost: only this plan's staging is removed and :class:`FenceLostError`
+(exit 3) is raised — batches the run committed before stay committed, and
+the slot must not be advanced. After winning, the staged files are moved
+into ``changes/lsn_range=<start>-<end>/`` (and ``tables/<dir>/...``): plain
+readers see a batch only once it is committed. Every batch's high-water mark
+is the one of the record it was planned on (``plan.high_water_mark``): the
+batch task must skip changes at or below it.
+
+On a store without atomic create-if-absent (``fs.fenced`` is False) the same
+steps run, best effort: the lease (:mod:`pgpoll.sink.lease`) is then the only
+guard, and the run summary says ``"fenced": false``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from datetime import UTC, datetime
+from typing import Any
 
-from pgpoll.errors import SinkError
+from pgpoll.errors import FenceLostError, SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
-from pgpoll.sink.commit_log import CommitLog, CommitRecord
-from pgpoll.sink.filesystem import OutputFilesystem
-from pgpoll.sink.typed_tables import tables_staging
+from pgpoll.sink.commit_log import CHECKPOINT_EVERY, VERSION, CommitLog, CommitRecord
+from pgpoll.sink.filesystem import OutputFs, open_output
+from pgpoll.sink.recovery import RecoveryReport, finish_moves, recover, remove_staging
+
+log = logging.getLogger("pgpoll.sink")
 
 
 @dataclass(frozen=True)
-class RecoveryReport:
-    """What recovery found and did."""
+class Plan:
+    """One batch planned on commit-log record ``planned_on`` (it can only become record ``planned_on + 1``).
 
-    high_water_mark: Optional[Lsn]
-    removed_staging: int
-    adopted: tuple[str, ...]
-    removed_partitions: tuple[str, ...]
+    Spark writes the envelope to ``staging`` and typed tables under
+    ``tables_staging``; the batch must leave out changes at or below
+    ``high_water_mark`` (the high-water mark as of record ``planned_on``).
+    """
+
+    id: str
+    staging: str
+    tables_staging: str
+    planned_on: int
+    prev: int | str | None
+    high_water_mark: Lsn | None
+    run: str
+    created: str
+
+    @property
+    def seq(self) -> int:
+        """The record number this batch competes for."""
+        return self.planned_on + 1
 
 
 class BatchSink:
-    """The output path: staging, publishing and recovering batches."""
+    """The output path: planning, publishing and recovering batches behind the fence.
 
-    def __init__(self, spark: Any, output: str) -> None:
-        self.fs = OutputFilesystem(spark, output)
+    ``spark`` selects Hadoop's filesystem (the ingest driver); ``None`` the
+    local/pyarrow one (tests, tools without a JVM). ``fs`` overrides both.
+    """
+
+    def __init__(self, spark: Any, output: str, *, fs: OutputFs | None = None, run: str | None = None) -> None:
+        self.fs: OutputFs = fs if fs is not None else open_output(output, spark)
         self.log = CommitLog(self.fs)
+        self.run = run or uuid.uuid4().hex
+        self.last_recovery: RecoveryReport | None = None
+        self._plans: dict[str, Plan] = {}
+        if not self.fs.fenced:
+            log.warning(
+                "output %s (%s:) cannot create files atomically: the commit log is not fenced, and only the "
+                "lease keeps two runs apart (see the README's table of fenced stores)", self.fs.root, self.fs.scheme,
+            )
+
+    @property
+    def fenced(self) -> bool:
+        """True when publishing is an atomic compare-and-set on this store."""
+        return self.fs.fenced
 
     def check_writable(self) -> None:
         """Fail early (SinkError) when the output cannot be written."""
-        probe = self.fs.path(layout.META, f"_probe-{uuid.uuid4().hex}")
         self.fs.mkdirs(self.fs.path(layout.META))
+        probe = self.fs.path(layout.META, f"_probe-{uuid.uuid4().hex}")
         self.fs.write_text(probe, "pgpoll")
         self.fs.delete(probe)
 
+    def recover(self, *, full: bool = True, slot: str | None = None, plugin: str | None = None) -> RecoveryReport:
+        """Fenced recovery (:mod:`pgpoll.sink.recovery`); ``full`` at start (``slot``/``plugin`` are not needed)."""
+        self.last_recovery = recover(self.fs, self.log, full=full, run=self.run)
+        return self.last_recovery
+
+    def plan(self) -> Plan:
+        """Recover (light), then plan a batch on the current head: writes ``staging/<id>.plan.json``."""
+        report = self.recover(full=False)
+        sid = uuid.uuid4().hex
+        created = datetime.now(UTC).isoformat()
+        plan_file = self.fs.path(layout.STAGING, sid + layout.PLAN_SUFFIX)
+        body = {"planned_on": report.head, "run": self.run, "created": created, "version": VERSION}
+        self.fs.mkdirs(self.fs.path(layout.STAGING))
+        if not self.fs.create_exclusive(plan_file, json.dumps(body, sort_keys=True)):
+            raise SinkError(f"plan {plan_file} exists already", "rerun")  # pragma: no cover (a fresh uuid)
+        state = self.log.last_state
+        state_prev = state.prev_of(report.head + 1) if state is not None else None
+        return Plan(
+            id=sid, staging=self.fs.path(layout.STAGING, sid),
+            tables_staging=self.fs.path(layout.STAGING, sid + layout.TABLES_SUFFIX), planned_on=report.head,
+            prev=state_prev, high_water_mark=report.high_water_mark, run=self.run, created=created,
+        )
+
+    def ensure_current(self, plan: Plan) -> None:
+        """FenceLostError when another run has published record ``plan.seq`` (this plan can no longer win).
+
+        Call it when writing the staged batch fails: recovery of another run
+        may have removed this plan's staging because it was already lost.
+        """
+        if self.log.head() > plan.planned_on:
+            self.discard(plan)
+            raise self._lost(plan)
+
+    def discard(self, plan: Plan | str) -> None:
+        """Remove a planned batch that will not be published (its staging and its plan file)."""
+        if isinstance(plan, str):  # a staging path (the call of earlier versions)
+            found = self._plans.pop(plan, None)
+            sid = found.id if found is not None else plan.rstrip("/").rsplit("/", 1)[-1]
+        else:
+            self._plans.pop(plan.staging, None)
+            sid = plan.id
+        remove_staging(self.fs, sid)
+
     def staging_path(self) -> str:
-        """A fresh staging directory for one batch."""
-        return self.fs.path(layout.STAGING, uuid.uuid4().hex)
+        """Plan a batch and return its staging path (the call of earlier versions: prefer :meth:`plan`)."""
+        planned = self.plan()
+        self._plans[planned.staging] = planned
+        return planned.staging
 
-    def discard(self, staging: str) -> None:
-        """Remove a staged batch that will not be published."""
-        self.fs.delete(staging)
-        self.fs.delete(tables_staging(staging))
+    def _staged_files(self, directory: str) -> dict[str, int]:
+        return {n: size for n, is_dir, size in self.fs.list(directory) if not is_dir and n.startswith("part-")}
 
-    def _data_files(self, directory: str) -> list[tuple[str, int]]:
-        return [(n, size) for n, is_dir, size in self.fs.list(directory) if not is_dir and n.startswith("part-")]
+    def _lost(self, plan: Plan) -> FenceLostError:
+        return FenceLostError(
+            f"another run published commit-log record {plan.seq} first; this run's batch planned on record "
+            f"{plan.planned_on} was discarded and the slot not advanced",
+            "only one ingest run per output at a time: let the other run finish (batches committed before stay "
+            "committed)",
+        )
 
     def publish(
-        self, staging: str, *, start: int, end: int, rows: int, slot: str, plugin: str, last_commit_ts: Optional[str] = None,
-        tables: Optional[dict[str, list[tuple[str, int]]]] = None,
+        self, plan: Plan | str, *, start: int, end: int, rows: int, slot: str, plugin: str,
+        last_commit_ts: str | None = None, first_commit_ts: str | None = None,
+        tables: Mapping[str, Sequence[tuple[str, int]]] | None = None, xid_min: int | None = None,
+        xid_max: int | None = None, table_stats: dict[str, Any] | None = None,
+        publications: Iterable[str] = (),
     ) -> CommitRecord:
-        """Move a staged batch (and its typed tables) into place and write its commit-log record."""
-        partition: Optional[str] = None
-        files: list[str] = []
-        tables = tables or {}
-        if rows > 0:
-            data = self._data_files(staging)
-            files = [n for n, _ in data]
-            partition = layout.partition_name(start, end)
-            target = self.fs.path(layout.CHANGES, partition)
-            if self.fs.exists(target):
-                raise SinkError(
-                    f"partition {partition} already exists but has no commit-log record",
-                    "rerun: recovery at start adopts or removes it",
-                )
-            for name in sorted(tables):
-                typed_target = self.fs.path(layout.TABLES, name, partition)
-                if self.fs.exists(typed_target):  # left by an attempt that never got its record
-                    self.fs.delete(typed_target)
-                self.fs.mkdirs(self.fs.path(layout.TABLES, name))
-                self.fs.rename(f"{tables_staging(staging)}/{name}", typed_target)
-            manifest = {
-                "files": {n: size for n, size in data}, "rows": rows, "start": str(Lsn(start)), "end": str(Lsn(end)),
-                "tables": {name: {n: size for n, size in listed} for name, listed in tables.items()},
-            }
-            self.fs.write_text(f"{staging}/{layout.MANIFEST}", json.dumps(manifest, sort_keys=True))
-            self.fs.rename(staging, target)
-        else:
-            self.fs.delete(staging)
-        self.fs.delete(tables_staging(staging))
+        """Commit the planned batch as record ``plan.seq`` (the compare-and-set), then move its files into place.
+
+        Raises :class:`FenceLostError` (this plan's staging removed) when
+        another run created that record first, :class:`SinkError` when the
+        staged batch is incomplete or its partition exists already.
+        """
+        if isinstance(plan, str):
+            found = self._plans.pop(plan, None)
+            if found is None:
+                raise SinkError(f"{plan} was not planned by this run", "plan batches with BatchSink.plan()")
+            plan = found
+        if plan.high_water_mark is not None and end <= int(plan.high_water_mark):
+            raise SinkError(f"batch ending at {Lsn(end)} is not above the high-water mark {plan.high_water_mark}",
+                            "discard batches that bring nothing new")
+        partition = layout.partition_name(start, end) if rows > 0 else None
+        files = self._staged_files(plan.staging) if rows > 0 else {}
+        if rows > 0 and not files:
+            self.ensure_current(plan)
+            raise SinkError(f"the staged batch {plan.staging} has no data files", "check the Spark executor logs")
+        if partition is not None and self.fs.exists(self.fs.path(layout.CHANGES, partition)):
+            self.ensure_current(plan)  # a run planned on the same head with the same range won, and moved in
+            raise SinkError(f"partition {partition} already exists but no commit-log record names it",
+                            "rerun: recovery at start removes it or sets it aside")
+        table_files = {name: dict(listed) for name, listed in (tables or {}).items()} if partition else {}
         record = CommitRecord(
-            start=str(Lsn(start)), end=str(Lsn(end)), rows=rows, files=files, partition=partition, slot=slot,
-            plugin=plugin, last_commit_ts=last_commit_ts, tables=sorted(tables) if partition else [],
+            start=str(Lsn(start)), end=str(Lsn(end)), rows=rows, files=sorted(files), partition=partition, slot=slot,
+            plugin=plugin, last_commit_ts=last_commit_ts, tables=sorted(table_files), version=VERSION, seq=plan.seq,
+            prev=plan.prev, file_sizes=files, bytes=sum(files.values()),
+            table_files=table_files, run=plan.run, staging=plan.id, first_commit_ts=first_commit_ts, xid_min=xid_min,
+            xid_max=xid_max, table_stats=table_stats, publications=sorted(publications),
         )
-        self.log.append(record)
+        if not self.log.create(record):
+            self.discard(plan)
+            raise self._lost(plan)
+        self._plans.pop(plan.staging, None)
+        finish_moves(self.fs, record)
+        self._maybe_checkpoint(record.seq)
         return record
 
-    def recover(self, *, slot: str, plugin: str) -> RecoveryReport:
-        """Clean staging, adopt or remove unrecorded partitions; return the high-water mark."""
-        staged = self.fs.list(self.fs.path(layout.STAGING))
-        for name, _is_dir, _size in staged:
-            self.fs.delete(self.fs.path(layout.STAGING, name))
-        adopted: list[str] = []
-        removed: list[str] = []
-        for name, is_dir, _size in self.fs.list(self.fs.path(layout.CHANGES)):
-            bounds = layout.parse_partition_name(name) if is_dir else None
-            if bounds is None or self.log.has(bounds[1]):
-                continue
-            directory = self.fs.path(layout.CHANGES, name)
-            manifest = self._read_manifest(directory)
-            present = dict(self._data_files(directory))
-            if manifest is not None and manifest.get("files") and all(
-                present.get(f) == size for f, size in manifest["files"].items()
-            ) and self._typed_complete(name, manifest.get("tables", {})):
-                self.log.append(
-                    CommitRecord(
-                        start=str(bounds[0]), end=str(bounds[1]), rows=int(manifest.get("rows", 0)),
-                        files=sorted(manifest["files"]), partition=name, slot=slot, plugin=plugin, adopted=True,
-                        tables=sorted(manifest.get("tables", {})),
-                    )
-                )
-                adopted.append(name)
-            else:
-                self.fs.delete(directory)
-                removed.append(name)
-        recorded = {(t, r.partition) for r in self.log.records() for t in r.tables}
-        for table, is_dir, _size in self.fs.list(self.fs.path(layout.TABLES)):
-            for name, part_is_dir, _s in self.fs.list(self.fs.path(layout.TABLES, table)) if is_dir else ():
-                bounds = layout.parse_partition_name(name) if part_is_dir else None
-                if bounds is not None and (table, name) not in recorded:
-                    self.fs.delete(self.fs.path(layout.TABLES, table, name))
-                    removed.append(f"{layout.TABLES}/{table}/{name}")
-        return RecoveryReport(self.log.high_water_mark(), len(staged), tuple(adopted), tuple(removed))
+    def _maybe_checkpoint(self, seq: int) -> None:
+        """Fold records 1..``seq`` once enough follow the newest checkpoint.
 
-    def _typed_complete(self, partition: str, tables: dict[str, dict[str, int]]) -> bool:
-        for table, files in tables.items():
-            present = dict(self._data_files(self.fs.path(layout.TABLES, table, partition)))
-            if any(present.get(f) != size for f, size in files.items()):
-                return False
-        return True
-
-    def _read_manifest(self, directory: str) -> Optional[dict[str, Any]]:
-        path = f"{directory}/{layout.MANIFEST}"
-        if not self.fs.exists(path):
-            return None
-        try:
-            data = json.loads(self.fs.read_text(path))
-        except ValueError:
-            return None
-        return data if isinstance(data, dict) else None
+        Records up to the plan's head had their files moved by the recovery
+        that preceded the plan, and record ``seq`` is this run's, just moved.
+        """
+        state = self.log.state()
+        since = seq - (state.checkpoint.seq if state.checkpoint else 0)
+        if since >= CHECKPOINT_EVERY:
+            self.log.write_checkpoint(state, seq, self.run)

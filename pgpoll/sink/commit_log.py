@@ -1,47 +1,110 @@
-"""pgpoll's commit log: one JSON record per committed batch under ``PATH/_pgpoll/commits/``.
+"""pgpoll's commit log: the one owner of its format, read and written over any :class:`OutputFs`.
 
 A batch counts as committed when its record exists. The high-water mark —
 the largest ``end`` of any record — is the LSN up to which the output holds
 every change; the slot is re-advanced to it at the start of each run, and no
 change with a ``commit_lsn`` at or below it is ever written again.
+
+Layout under ``PATH/_pgpoll/``::
+
+    commits/<16 hex end>.json        version 1: one record per batch, named by its end LSN
+    commits/seq-<16 digits>.json     version 2: record number <seq> (1, 2, 3, ...)
+    checkpoints/seq-<16 digits>.json a fold of records 1..<seq>
+
+**Version 2 is a fenced log.** Records are numbered; each names its
+predecessor (``prev``: the previous ``seq``, or for the first version-2
+record after version-1 records that record's file name). Publishing batch
+N+1 is a compare-and-set: record N+1 is created only if it does not exist
+(:meth:`OutputFs.create_exclusive`), so of two runs that planned on record N
+exactly one wins. Version-1 records (written by older pgpoll) are read and
+numbered 1..K in LSN order; new records continue at K+1. The zero-padded
+names sort in order, so the head (the last ``seq``) comes from listing names,
+without reading a record.
+
+**Checkpoints** fold records 1..N (high-water mark, totals, the partitions
+with their typed tables) so that start-up reads the newest checkpoint and the
+records after it, not the whole history. A checkpoint is written with the same
+create-if-absent in its own directory, so it never competes with a batch for
+a sequence number; two runs writing the same fold write the same content, and
+a kill mid-write leaves nothing (the file appears whole or not at all). A
+checkpoint is only written over records whose data files are all in place.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Optional
+import logging
+import re
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import UTC, datetime
+from typing import Any
 
 from pgpoll.errors import SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
-from pgpoll.sink.filesystem import OutputFilesystem
+from pgpoll.sink.filesystem import OutputFs, open_output
+
+log = logging.getLogger("pgpoll.sink")
+
+VERSION = 2
+CHECKPOINT_EVERY = 50
+"""A checkpoint is written once this many records follow the newest one."""
+
+_V1_NAME = re.compile(r"^[0-9A-F]{16}\.json$")
+_V2_NAME = re.compile(r"^seq-([0-9]{16})\.json$")
+
+
+def record_name(seq: int) -> str:
+    """The file name of version-2 record ``seq`` (also a checkpoint's, in its own directory)."""
+    return f"seq-{seq:016d}.json"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
 
 
 @dataclass(frozen=True)
 class CommitRecord:
-    """One committed batch.
+    """One committed batch (version 1 or 2; ``version`` says which).
 
     ``start``/``end`` are the smallest and largest commit LSN the batch
     accounts for (``end`` is where the slot is advanced to); ``partition`` is
-    the directory under ``changes/`` (None when the batch wrote no rows, e.g.
-    only a heartbeat or filtered transactions); ``last_commit_ts`` is the
-    commit time of the newest change written (ISO 8601, UTC), for lag in time;
-    ``tables`` the typed tables (``tables/<dir>/<partition>``) the batch wrote.
+    the directory under ``changes/`` (None when the batch wrote no rows);
+    ``files`` its data files, ``file_sizes`` their sizes and ``bytes`` the sum;
+    ``tables`` the typed tables (``tables/<dir>/<partition>``), whose files are
+    in ``table_files``; ``staging`` the staging id the files were published
+    from; ``first_commit_ts``/``last_commit_ts`` the commit times of the oldest
+    and newest change written (ISO 8601, UTC); ``xid_min``/``xid_max`` the
+    batch's full 64-bit transaction ids (None when unknown); ``table_stats``
+    per-table figures for later use; ``name`` is the file name (not stored).
     """
 
     start: str
     end: str
     rows: int
     files: list[str]
-    partition: Optional[str]
+    partition: str | None
     slot: str
     plugin: str
-    committed_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    committed_at: str = field(default_factory=_now)
     adopted: bool = False
-    last_commit_ts: Optional[str] = None
+    last_commit_ts: str | None = None
     tables: list[str] = field(default_factory=list)
+    version: int = VERSION
+    seq: int = 0
+    prev: int | str | None = None
+    kind: str = "batch"
+    file_sizes: dict[str, int] = field(default_factory=dict)
+    bytes: int = 0
+    table_files: dict[str, dict[str, int]] = field(default_factory=dict)
+    run: str | None = None
+    staging: str | None = None
+    first_commit_ts: str | None = None
+    xid_min: int | None = None
+    xid_max: int | None = None
+    table_stats: dict[str, Any] | None = None
+    publications: list[str] = field(default_factory=list)
+    name: str = field(default="", compare=False)
 
     @property
     def end_lsn(self) -> Lsn:
@@ -49,53 +112,290 @@ class CommitRecord:
         return Lsn.parse(self.end)
 
     def to_json(self) -> str:
-        """The record as one JSON document."""
-        return json.dumps(asdict(self), sort_keys=True)
+        """The record as one JSON document (``name`` is the file's, not stored)."""
+        data = asdict(self)
+        del data["name"]
+        if self.version >= 2:
+            del data["adopted"]  # version 2 adopts nothing
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "CommitRecord":
-        """Parse a record written by :meth:`to_json`."""
+    def from_json(cls, text: str, name: str = "") -> CommitRecord:
+        """Parse a record: version 2, or version 1 (``version`` 1, ``seq`` set by the caller)."""
         data: dict[str, Any] = json.loads(text)
-        return cls(**data)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        version = int(data.get("version", 1))
+        if version > VERSION:
+            raise SinkError(
+                f"commit-log record {name} has format version {version}, newer than this pgpoll reads ({VERSION})",
+                "upgrade pgpoll to the version that wrote the output",
+            )
+        known = {f.name for f in fields(cls)} - {"name"}
+        kept = {k: v for k, v in data.items() if k in known}  # later minor additions are ignored
+        kept["version"] = version
+        return cls(**kept, name=name)
 
     @classmethod
-    def parse(cls, text: str, where: str) -> "CommitRecord":
+    def parse(cls, text: str, where: str, name: str = "") -> CommitRecord:
         """Parse the record read from ``where``; :class:`SinkError` with the fix when it is unreadable."""
         try:
-            return cls.from_json(text)
-        except (ValueError, TypeError) as exc:
+            return cls.from_json(text, name)
+        except (ValueError, TypeError, KeyError) as exc:
             raise SinkError(
                 f"commit-log record {where} is unreadable: {exc}",
                 "restore it from backup, or remove it and the partition it names, then rerun",
             ) from None
 
 
-class CommitLog:
-    """The commit-log records of one output path."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """The fold of records 1..``seq``: what start-up needs without reading them.
 
-    def __init__(self, fs: OutputFilesystem) -> None:
+    ``partitions`` lists ``[partition, [typed table, ...]]`` of every record
+    that wrote rows, in order.
+    """
+
+    seq: int
+    high_water_mark: str | None
+    records: int
+    rows: int
+    bytes: int
+    partitions: list[list[Any]]
+    slots: list[str]
+    last_commit_ts: str | None = None
+    last_committed_at: str | None = None
+    run: str | None = None
+    created_at: str = field(default_factory=_now)
+    version: int = VERSION
+    kind: str = "checkpoint"
+
+    def to_json(self) -> str:
+        """The checkpoint as one JSON document."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Checkpoint:
+        """Parse a checkpoint written by :meth:`to_json`."""
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _later(a: str | None, b: str | None) -> str | None:
+    if a is None or b is None:
+        return a or b
+    return a if _timestamp(a) >= _timestamp(b) else b
+
+
+@dataclass(frozen=True)
+class LogState:
+    """The commit log as start-up sees it: the newest checkpoint and the records after it.
+
+    ``head`` is the last ``seq`` (0 for a new output); ``v1_names`` the
+    version-1 file names in LSN order (record ``i`` is ``v1_names[i-1]``).
+    """
+
+    head: int
+    checkpoint: Checkpoint | None
+    tail: tuple[CommitRecord, ...]
+    v1_names: tuple[str, ...] = ()
+
+    @property
+    def high_water_mark(self) -> Lsn | None:
+        """The largest ``end`` of any record (None for a new output)."""
+        ends = [r.end_lsn for r in self.tail]
+        if self.checkpoint is not None and self.checkpoint.high_water_mark is not None:
+            ends.append(Lsn.parse(self.checkpoint.high_water_mark))
+        return max(ends) if ends else None
+
+    def prev_of(self, seq: int) -> int | str | None:
+        """What record ``seq`` names as its predecessor."""
+        before = seq - 1
+        if before <= 0:
+            return None
+        if before <= len(self.v1_names):
+            return self.v1_names[before - 1]
+        return before
+
+    def partitions(self) -> list[tuple[str, list[str]]]:
+        """``(partition, typed tables)`` of every record that wrote rows, in order."""
+        out = [(str(p[0]), list(p[1])) for p in self.checkpoint.partitions] if self.checkpoint else []
+        return out + [(r.partition, list(r.tables)) for r in self.tail if r.partition]
+
+    def fold(self, upto: int, run: str | None = None) -> Checkpoint:
+        """The checkpoint of records 1..``upto`` (``upto`` at least the current checkpoint's seq)."""
+        cp = self.checkpoint
+        records = [r for r in self.tail if r.seq <= upto]
+        hwm = max([r.end_lsn for r in records] + ([Lsn.parse(cp.high_water_mark)] if cp and cp.high_water_mark else []),
+                  default=None)
+        last_ts, last_at = (cp.last_commit_ts, cp.last_committed_at) if cp else (None, None)
+        for r in records:
+            last_ts, last_at = _later(last_ts, r.last_commit_ts), _later(last_at, r.committed_at)
+        return Checkpoint(
+            seq=upto, high_water_mark=str(hwm) if hwm is not None else None,
+            records=(cp.records if cp else 0) + len(records), rows=(cp.rows if cp else 0) + sum(r.rows for r in records),
+            bytes=(cp.bytes if cp else 0) + sum(r.bytes for r in records),
+            partitions=(list(cp.partitions) if cp else []) + [[r.partition, list(r.tables)] for r in records if r.partition],
+            slots=sorted(set(cp.slots if cp else []) | {r.slot for r in records}),
+            last_commit_ts=last_ts, last_committed_at=last_at, run=run,
+        )
+
+
+class CommitLog:
+    """The commit log of one output path: listing, reading, and the compare-and-set append.
+
+    Records and checkpoints never change once written, so each is read at
+    most once per instance.
+    """
+
+    def __init__(self, fs: OutputFs) -> None:
         self.fs = fs
         self.dir = fs.path(layout.COMMITS)
+        self.checkpoint_dir = fs.path(layout.CHECKPOINTS)
+        self._records: dict[str, CommitRecord] = {}
+        self._checkpoints: dict[int, Checkpoint] = {}
+        self.last_state: LogState | None = None
+
+    def _names(self) -> tuple[list[str], dict[int, str]]:
+        """Version-1 names in LSN order, and version-2 names by seq (files only; ``_tmp`` files skipped)."""
+        v1: list[str] = []
+        v2: dict[int, str] = {}
+        for name, is_dir, _size in self.fs.list(self.dir):
+            if is_dir:
+                continue
+            m = _V2_NAME.match(name)
+            if m:
+                v2[int(m.group(1))] = name
+            elif _V1_NAME.match(name):
+                v1.append(name)
+        return sorted(v1), v2
+
+    def head(self) -> int:
+        """The last record's ``seq`` (0 for a new output), from the names alone."""
+        v1, v2 = self._names()
+        return max(v2) if v2 else len(v1)
+
+    def _read(self, name: str, seq: int) -> CommitRecord:
+        cached = self._records.get(name)
+        if cached is None:
+            where = f"{self.dir}/{name}"
+            cached = CommitRecord.parse(self.fs.read_text(where), where, name)
+            if cached.version < 2:
+                cached = replace(cached, seq=seq)
+            self._records[name] = cached
+        return cached
+
+    def _checkpoint(self, limit: int) -> Checkpoint | None:
+        """The newest readable checkpoint at or below ``limit``."""
+        seqs = sorted((int(m.group(1)) for n, d, _s in self.fs.list(self.checkpoint_dir)
+                       if not d and (m := _V2_NAME.match(n))), reverse=True)
+        for seq in seqs:
+            if seq > limit:
+                continue  # folds a record that is gone (removed by hand): ignore it
+            if seq not in self._checkpoints:
+                where = f"{self.checkpoint_dir}/{record_name(seq)}"
+                try:
+                    self._checkpoints[seq] = Checkpoint.from_json(self.fs.read_text(where))
+                except (ValueError, TypeError) as exc:
+                    log.warning("checkpoint %s is unreadable (%s); using an older one", where, exc)
+                    continue
+            return self._checkpoints[seq]
+        return None
+
+    def state(self) -> LogState:
+        """The newest checkpoint and every record after it (reads only those records)."""
+        v1, v2 = self._names()
+        head = max(v2) if v2 else len(v1)
+        cp = self._checkpoint(head)
+        after = cp.seq if cp else 0
+        tail = [self._read(n, i) for i, n in enumerate(v1, start=1) if i > after]
+        tail += [self._read(v2[s], s) for s in sorted(v2) if s > after]
+        self.last_state = LogState(head=head, checkpoint=cp, tail=tuple(tail), v1_names=tuple(v1))
+        return self.last_state
 
     def records(self) -> list[CommitRecord]:
-        """Every record, in LSN order."""
-        out: list[CommitRecord] = []
-        for name, is_dir, _size in self.fs.list(self.dir):
-            if is_dir or not name.endswith(".json") or name.startswith("_"):
-                continue
-            where = f"{self.dir}/{name}"
-            out.append(CommitRecord.parse(self.fs.read_text(where), where))
-        return sorted(out, key=lambda r: r.end_lsn)
+        """Every record (version 1 and 2), in ``seq`` order: the whole history, read file by file."""
+        v1, v2 = self._names()
+        return [self._read(n, i) for i, n in enumerate(v1, start=1)] + [self._read(v2[s], s) for s in sorted(v2)]
 
-    def high_water_mark(self) -> Optional[Lsn]:
+    def high_water_mark(self) -> Lsn | None:
         """The largest ``end`` of any record (None for a new output)."""
-        records = self.records()
-        return records[-1].end_lsn if records else None
+        return self.state().high_water_mark
 
-    def has(self, end: int) -> bool:
-        """True when a record for the batch ending at ``end`` exists."""
-        return self.fs.exists(f"{self.dir}/{layout.commit_record_name(end)}")
+    def record_path(self, seq: int) -> str:
+        """Where version-2 record ``seq`` lives."""
+        return f"{self.dir}/{record_name(seq)}"
 
-    def append(self, record: CommitRecord) -> None:
-        """Write a record (atomically where the filesystem renames atomically)."""
-        self.fs.write_text(f"{self.dir}/{layout.commit_record_name(record.end_lsn)}", record.to_json())
+    def create(self, record: CommitRecord) -> bool:
+        """The compare-and-set: write ``record`` as record ``record.seq`` only if that does not exist yet.
+
+        True when this call created it (the batch is committed); False when
+        another run's record has that number (this run lost).
+        """
+        if record.version != VERSION or record.seq < 1:
+            raise ValueError("only version-2 records with a seq are created")
+        self.fs.mkdirs(self.dir)
+        won = self.fs.create_exclusive(self.record_path(record.seq), record.to_json())
+        if won:
+            self._records[record_name(record.seq)] = replace(record, name=record_name(record.seq))
+        return won
+
+    def write_checkpoint(self, state: LogState, upto: int, run: str | None = None) -> bool:
+        """Create the checkpoint of records 1..``upto`` if absent (the caller knows their files are in place)."""
+        if state.checkpoint is not None and state.checkpoint.seq >= upto:
+            return False
+        self.fs.mkdirs(self.checkpoint_dir)
+        written = self.fs.create_exclusive(f"{self.checkpoint_dir}/{record_name(upto)}", state.fold(upto, run).to_json())
+        if written:
+            log.info("commit-log checkpoint written over records 1..%d", upto)
+        return written
+
+
+@dataclass(frozen=True)
+class CommitLogSummary:
+    """What an output's commit log says, for status reports.
+
+    ``high_water_mark`` is the largest ``end`` (where the slot was last
+    advanced to); ``last_commit_ts`` is the newest commit time of any change
+    written (None until a batch wrote a row); ``slots`` are the slot names the
+    records carry (one, unless the output was fed by a recreated slot);
+    ``head`` the last record's number; ``fenced`` whether the store publishes
+    with an atomic compare-and-set.
+    """
+
+    output: str
+    records: int
+    rows: int
+    high_water_mark: Lsn | None
+    last_commit_ts: datetime | None
+    last_committed_at: datetime | None
+    slots: tuple[str, ...]
+    head: int = 0
+    fenced: bool = True
+
+
+def summarize(output: str, fs: OutputFs | None = None) -> CommitLogSummary:
+    """High-water mark, newest commit time and totals of the commit log under ``output`` (no JVM)."""
+    fs = fs or open_output(output)
+    state = CommitLog(fs).state()
+    fold = state.fold(state.head)
+    return CommitLogSummary(
+        output=output,
+        records=fold.records,
+        rows=fold.rows,
+        high_water_mark=state.high_water_mark,
+        last_commit_ts=_timestamp(fold.last_commit_ts) if fold.last_commit_ts else None,
+        last_committed_at=_timestamp(fold.last_committed_at) if fold.last_committed_at else None,
+        slots=tuple(fold.slots),
+        head=state.head,
+        fenced=fs.fenced,
+    )
+
+
+def _timestamp(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise SinkError(f"commit-log timestamp {text!r} is not ISO 8601", "check the commit-log records") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

@@ -18,7 +18,8 @@ rows of an open transaction are filled in when it commits.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,8 +27,7 @@ import pyarrow.compute as pc
 _MAP = pa.map_(pa.string(), pa.string())
 _TS = pa.timestamp("us", tz="UTC")
 
-ENVELOPE_SCHEMA = pa.schema(
-    [
+_FIELDS: list[pa.Field[Any]] = [
         pa.field("commit_lsn", pa.int64()),
         pa.field("lsn", pa.int64()),
         pa.field("seq", pa.int32()),
@@ -43,8 +43,8 @@ ENVELOPE_SCHEMA = pa.schema(
         pa.field("message_content", pa.binary()),
         pa.field("transactional", pa.bool_()),
         pa.field("schema_id", pa.string()),
-    ]
-)
+]
+ENVELOPE_SCHEMA = pa.schema(_FIELDS)
 
 SPARK_DDL = (
     "commit_lsn bigint, lsn bigint, seq int, xid bigint, commit_ts timestamp, op string, "
@@ -59,15 +59,15 @@ _NO_TOAST: list[str] = []
 class _MapColumn:
     """A map<string,string> column as flat keys/values plus offsets; ``None`` rows are null maps."""
 
-    __slots__ = ("offsets", "keys", "values", "nulls")
+    __slots__ = ("keys", "nulls", "offsets", "values")
 
     def __init__(self) -> None:
         self.offsets: list[int] = [0]
         self.keys: list[str] = []
-        self.values: list[Optional[str]] = []
+        self.values: list[str | None] = []
         self.nulls: list[int] = []  # row numbers of null maps
 
-    def add(self, keys: Optional[Iterable[str]], values: Iterable[Optional[str]] = ()) -> None:
+    def add(self, keys: Iterable[str] | None, values: Iterable[str | None] = ()) -> None:
         if keys is None:
             self.nulls.append(len(self.offsets) - 1)
         else:
@@ -75,7 +75,7 @@ class _MapColumn:
             self.values.extend(values)
         self.offsets.append(len(self.keys))
 
-    def slice_arrays(self, start: int, stop: int) -> pa.Array:
+    def slice_arrays(self, start: int, stop: int) -> pa.Array[Any]:
         """Rows ``start..stop`` as a MapArray."""
         lo, hi = self.offsets[start], self.offsets[stop]
         offsets = pa.array([o - lo for o in self.offsets[start : stop + 1]], pa.int32())
@@ -85,7 +85,8 @@ class _MapColumn:
             for n in nulls:
                 mask[n] = True
             offsets = pc.if_else(pa.array(mask, pa.bool_()), pa.scalar(None, pa.int32()), offsets)
-        return pa.MapArray.from_arrays(
+        # pyarrow-stubs type the offsets as one array class; if_else returns another (both are int32 arrays)
+        return pa.MapArray.from_arrays(  # type: ignore[call-overload,no-any-return]
             offsets, pa.array(self.keys[lo:hi], pa.string()), pa.array(self.values[lo:hi], pa.string())
         )
 
@@ -106,37 +107,37 @@ class ChangeColumns:
 
     def clear(self) -> None:
         """Start empty."""
-        self.commit_lsn: list[Optional[int]] = []
-        self.lsn: list[Optional[int]] = []
+        self.commit_lsn: list[int | None] = []
+        self.lsn: list[int | None] = []
         self.seq: list[int] = []
-        self.xid: list[Optional[int]] = []
-        self.commit_ts: list[Optional[int]] = []  # microseconds since 1970-01-01 UTC
+        self.xid: list[int | None] = []
+        self.commit_ts: list[int | None] = []  # microseconds since 1970-01-01 UTC
         self.op: list[str] = []
-        self.schema_name: list[Optional[str]] = []
-        self.table_name: list[Optional[str]] = []
+        self.schema_name: list[str | None] = []
+        self.table_name: list[str | None] = []
         self.before = _MapColumn()
         self.after = _MapColumn()
         self.unchanged_toast: list[list[str]] = []
-        self.message_prefix: list[Optional[str]] = []
-        self.message_content: list[Optional[bytes]] = []
-        self.transactional: list[Optional[bool]] = []
-        self.schema_id: list[Optional[str]] = []
+        self.message_prefix: list[str | None] = []
+        self.message_content: list[bytes | None] = []
+        self.transactional: list[bool | None] = []
+        self.schema_id: list[str | None] = []
 
     def __len__(self) -> int:
         return len(self.op)
 
     def add_row(
         self,
-        lsn: Optional[int],
+        lsn: int | None,
         op: str,
         schema: str,
         table: str,
-        before_keys: Optional[Sequence[str]],
-        before_values: Sequence[Optional[str]],
-        after_keys: Optional[Sequence[str]],
-        after_values: Sequence[Optional[str]],
+        before_keys: Sequence[str] | None,
+        before_values: Sequence[str | None],
+        after_keys: Sequence[str] | None,
+        after_values: Sequence[str | None],
         unchanged_toast: list[str] = _NO_TOAST,
-        schema_id: Optional[str] = None,
+        schema_id: str | None = None,
     ) -> None:
         """One INSERT/UPDATE/DELETE/TRUNCATE row (transaction columns filled later)."""
         self.lsn.append(lsn)
@@ -151,7 +152,7 @@ class ChangeColumns:
         self.transactional.append(None)
         self.schema_id.append(schema_id)
 
-    def add_message(self, lsn: Optional[int], prefix: str, content: bytes, transactional: bool) -> None:
+    def add_message(self, lsn: int | None, prefix: str, content: bytes, transactional: bool) -> None:
         """One logical message row (op ``M``)."""
         self.lsn.append(lsn)
         self.op.append("M")
@@ -165,7 +166,7 @@ class ChangeColumns:
         self.transactional.append(transactional)
         self.schema_id.append(None)
 
-    def fill_transaction(self, commit_lsn: Optional[int], xid: Optional[int], commit_ts: Optional[int], first_seq: int) -> None:
+    def fill_transaction(self, commit_lsn: int | None, xid: int | None, commit_ts: int | None, first_seq: int) -> None:
         """Set the transaction columns of every row added since they were last filled."""
         start = len(self.seq)
         n = len(self.op) - start
@@ -188,13 +189,14 @@ class ChangeColumns:
         self.before.truncate(keep)
         self.after.truncate(keep)
 
-    def to_batch(self, start: int = 0, stop: Optional[int] = None, *, unfilled: bool = False) -> pa.RecordBatch:
+    def to_batch(self, start: int = 0, stop: int | None = None, *, unfilled: bool = False) -> pa.RecordBatch:
         """Rows ``start..stop`` as a record batch; ``unfilled`` leaves the transaction columns null."""
         stop = len(self) if stop is None else stop
         n = stop - start
 
         def tx(values: list, kind: pa.DataType) -> pa.Array:  # type: ignore[type-arg]
-            return pa.nulls(n, kind) if unfilled else pa.array(values[start:stop], kind)
+            # pyarrow-stubs have one overload of nulls per concrete type, none for a plain DataType
+            return pa.nulls(n, kind) if unfilled else pa.array(values[start:stop], kind)  # type: ignore[call-overload]
 
         arrays = [
             tx(self.commit_lsn, pa.int64()),
@@ -216,8 +218,8 @@ class ChangeColumns:
         return pa.RecordBatch.from_arrays(arrays, schema=ENVELOPE_SCHEMA)
 
 
-def with_transaction(batch: pa.RecordBatch, commit_lsn: Optional[int], xid: Optional[int],
-                     commit_ts: Optional[int], first_seq: int) -> pa.RecordBatch:
+def with_transaction(batch: pa.RecordBatch, commit_lsn: int | None, xid: int | None,
+                     commit_ts: int | None, first_seq: int) -> pa.RecordBatch:
     """``batch`` (written with null transaction columns) with them filled in."""
     n = batch.num_rows
     columns = list(batch.columns)

@@ -1,127 +1,119 @@
-"""Driver-side file operations on the output, through Hadoop's FileSystem API.
+"""The output filesystem: one small Protocol that the commit log and publishing are written against.
 
 pgpoll writes to a local path or any Hadoop filesystem URI (``file:``,
-``hdfs:``, ``s3a:``, ``abfs:``...). The data files are written by Spark; the
-small files pgpoll manages itself (commit-log records, manifests) and the
-renames that publish a batch go through the same Hadoop ``FileSystem`` that
-Spark uses, reached through the SparkSession's JVM gateway. Only the driver
-calls this module.
+``hdfs:``, ``s3a:``, ``abfs:``...). Spark writes the data files; the small
+files pgpoll manages itself (commit-log records, checkpoints, plans, the
+lease) and the moves that publish a batch go through an :class:`OutputFs`:
 
-``rename`` of a directory is atomic on local filesystems and HDFS; on object
-stores (S3, GCS, ABFS without hierarchical namespace) it is a copy and delete.
-pgpoll's readers rely on the commit log, not on renames, for what a batch is.
+* :class:`pgpoll.sink.hadoop_fs.HadoopOutputFs` — Hadoop's ``FileSystem``
+  reached through the SparkSession's JVM gateway, the one Spark itself uses
+  (the ingest driver, ``materialize``, :mod:`pgpoll.reader`);
+* :class:`pgpoll.sink.local_fs.LocalOutputFs` (local paths and ``file:``
+  URIs, with the OS) and :class:`pgpoll.sink.local_fs.ArrowOutputFs` (other
+  URIs through ``pyarrow.fs``) — no JVM: ``pgpoll status``, monitors, and
+  the unit tests of publishing and recovery.
+
+Exactly once rests on one operation, :meth:`OutputFs.create_exclusive`: write
+a small file only if it does not exist yet, atomically (the compare-and-set
+of the commit log). Where the store provides it ``fenced`` is True:
+
+============  ==========================================================
+``file:``     pgpoll itself, with the OS: temp file, then ``link(2)`` to
+              the final name, which fails when it exists (Hadoop's local
+              filesystem has no atomic create)
+``hdfs:``     Hadoop ``rename``, which refuses an existing target
+``viewfs:``   the same, on the mounted HDFS
+others        not fenced (``s3a:``, ``gs:``, ``abfs:``...): best effort,
+              the lease is then the only guard; a warning says so
+============  ==========================================================
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from pgpoll.errors import SinkError
+from pgpoll.sink.local_files import (  # re-exported: the helpers every implementation shares
+    ATOMIC_RENAME_SCHEMES,
+    FENCED_SCHEMES,
+    create_exclusive_local,
+    local_path,
+)
 
+__all__ = [
+    "ATOMIC_RENAME_SCHEMES",
+    "FENCED_SCHEMES",
+    "OutputFilesystem",
+    "OutputFs",
+    "create_exclusive_local",
+    "local_path",
+    "open_output",
+]
 
-class OutputFilesystem:
-    """The Hadoop filesystem behind an output path."""
+class OutputFs(Protocol):
+    """The operations pgpoll needs on an output path.
 
-    def __init__(self, spark: Any, root: str) -> None:
-        jvm = spark.sparkContext._jvm
-        self._jvm = jvm
-        conf = spark.sparkContext._jsc.hadoopConfiguration()
-        self._root_path = jvm.org.apache.hadoop.fs.Path(root)
-        try:
-            self._fs = self._root_path.getFileSystem(conf)
-            self.root = self._fs.makeQualified(self._root_path).toString()
-        except Exception as exc:  # py4j raises Py4JJavaError
-            raise SinkError(f"cannot open output {root!r}: {_java_message(exc)}", "check the --output path or URI") from None
+    Paths are strings made by :meth:`path`; an implementation only ever gets
+    back paths it made. ``list`` and ``delete`` of an absent path are not
+    errors; every other failure is a :class:`pgpoll.errors.SinkError`.
+    """
+
+    root: str
+    scheme: str
+    fenced: bool
+    atomic_dir_rename: bool
 
     def path(self, *parts: str) -> str:
-        """``root/part/part`` as a string."""
-        return "/".join([self.root.rstrip("/"), *[p.strip("/") for p in parts if p]])
-
-    def _p(self, path: str) -> Any:
-        return self._jvm.org.apache.hadoop.fs.Path(path)
+        """``root/part/part``."""
+        ...
 
     def exists(self, path: str) -> bool:
         """True when the file or directory exists."""
-        return bool(self._call("check", path, lambda: self._fs.exists(self._p(path))))
+        ...
 
     def mkdirs(self, path: str) -> None:
         """Create a directory and its parents."""
-        self._call("create directory", path, lambda: self._fs.mkdirs(self._p(path)))
+        ...
 
     def delete(self, path: str) -> None:
         """Delete a file or a directory tree (no error when absent)."""
-        self._call("delete", path, lambda: self._fs.delete(self._p(path), True))
+        ...
 
     def rename(self, src: str, dst: str) -> None:
-        """Rename ``src`` to ``dst``; the parent of ``dst`` is created first."""
-        parent = self._p(dst).getParent()
-        self._call("create directory", str(parent), lambda: self._fs.mkdirs(parent))
-        ok = self._call("rename", src, lambda: self._fs.rename(self._p(src), self._p(dst)))
-        if not ok:
-            raise SinkError(f"could not rename {src} to {dst}", "check that the output is writable and the target does not exist")
+        """Rename ``src`` to ``dst`` (the parent of ``dst`` is created); SinkError when it fails or ``dst`` exists."""
+        ...
 
     def list(self, path: str) -> list[tuple[str, bool, int]]:
         """``(name, is_dir, size)`` of each entry of a directory (empty when absent)."""
-        if not self.exists(path):
-            return []
-        statuses = self._call("list", path, lambda: self._fs.listStatus(self._p(path)))
-        return [(s.getPath().getName(), bool(s.isDirectory()), int(s.getLen())) for s in statuses]
+        ...
 
     def read_text(self, path: str) -> str:
         """The whole content of a small UTF-8 file."""
-
-        def read() -> str:
-            stream = self._fs.open(self._p(path))
-            try:
-                reader = self._jvm.java.io.BufferedReader(
-                    self._jvm.java.io.InputStreamReader(stream, "UTF-8")
-                )
-                lines = []
-                line = reader.readLine()
-                while line is not None:
-                    lines.append(line)
-                    line = reader.readLine()
-                return "\n".join(lines)
-            finally:
-                stream.close()
-
-        return str(self._call("read", path, read))
+        ...
 
     def write_text(self, path: str, text: str) -> None:
-        """Write a small UTF-8 file atomically where the filesystem allows (temp file, then rename)."""
-        tmp = path.rsplit("/", 1)
-        tmp_path = f"{tmp[0]}/_tmp.{tmp[1]}"
+        """Write (or replace) a small UTF-8 file, atomically where the store allows."""
+        ...
 
-        def write() -> None:
-            stream = self._fs.create(self._p(tmp_path), True)
-            try:
-                stream.write(bytearray(text.encode("utf-8")))
-                stream.hflush()
-            finally:
-                stream.close()
+    def create_exclusive(self, path: str, text: str) -> bool:
+        """Create ``path`` with ``text`` only if it does not exist: True when this call created it.
 
-        self._call("write", tmp_path, write)
-        if self.exists(path):
-            self.delete(path)
-        self.rename(tmp_path, path)
-
-    def _call(self, what: str, path: str, fn: Any) -> Any:
-        try:
-            return fn()
-        except SinkError:
-            raise
-        except Exception as exc:
-            raise SinkError(
-                f"cannot {what} {path}: {_java_message(exc)}", "check that the output is reachable and writable"
-            ) from None
+        Atomic when ``fenced``: of any number of racing callers exactly one
+        gets True, and a reader never sees the file partly written.
+        """
+        ...
 
 
-def _java_message(exc: BaseException) -> str:
-    java = getattr(exc, "java_exception", None)
-    if java is not None:
-        try:
-            return str(java.toString())
-        except Exception:  # pragma: no cover
-            pass
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+def open_output(output: str, spark: Any = None) -> OutputFs:
+    """The filesystem of ``output``: Hadoop's with a SparkSession, else the local/pyarrow one."""
+    if spark is not None:
+        from pgpoll.sink.hadoop_fs import HadoopOutputFs
+
+        return HadoopOutputFs(spark, output)
+    from pgpoll.sink.local_fs import open_local
+
+    return open_local(output)
+
+
+def OutputFilesystem(spark: Any, root: str) -> OutputFs:  # noqa: N802 (the former class name, kept for callers)
+    """Hadoop's filesystem behind ``root`` (what :func:`open_output` gives with a SparkSession)."""
+    return open_output(root, spark)

@@ -4,10 +4,12 @@
 committed batch; ``start`` and ``end`` are the smallest and largest
 ``commit_lsn`` in it, as 16-digit zero-padded upper-case hex, so the names
 sort in LSN order. ``PATH/_pgpoll/`` holds pgpoll's own files (readers skip
-names that start with ``_``): ``commits/`` (the commit log), ``staging/``
-(batches being written), ``rejects/`` (rows that could not be decoded),
-``schemas/`` (table shapes by id), ``tables/`` (each typed table's column
-ledger).
+names that start with ``_``): ``commits/`` and ``checkpoints/`` (the commit
+log, :mod:`pgpoll.sink.commit_log`), ``staging/`` (batches being written:
+``<id>.plan.json``, ``<id>/``, ``<id>-tables/``), ``unrecorded/`` (partitions
+no record names, set aside by recovery), ``lease.json`` (the run holding the
+output), ``rejects/`` (rows that could not be decoded), ``schemas/`` (table
+shapes by id), ``tables/`` (each typed table's column ledger).
 
 With ``--typed-tables``, ``PATH/tables/<schema>.<table>/lsn_range=.../`` holds
 each table's typed changes of the same batch. In ``<schema>.<table>`` each
@@ -20,7 +22,6 @@ part is written as ``%5F`` too, so the directory is never hidden.
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 from pgpoll.lsn import Lsn
 
@@ -31,9 +32,13 @@ META = "_pgpoll"
 SCHEMAS = f"{META}/schemas"
 LEDGERS = f"{META}/tables"
 COMMITS = f"{META}/commits"
+CHECKPOINTS = f"{META}/checkpoints"
 STAGING = f"{META}/staging"
+UNRECORDED = f"{META}/unrecorded"
+LEASE = f"{META}/lease.json"
+PLAN_SUFFIX = ".plan.json"
+TABLES_SUFFIX = "-tables"
 REJECTS = f"{META}/rejects"
-MANIFEST = "_manifest.json"
 
 _PARTITION = re.compile(r"^lsn_range=([0-9A-F]{16})-([0-9A-F]{16})$")
 
@@ -43,7 +48,7 @@ def partition_name(start: int, end: int) -> str:
     return f"lsn_range={Lsn(start).padded()}-{Lsn(end).padded()}"
 
 
-def parse_partition_name(name: str) -> Optional[tuple[Lsn, Lsn]]:
+def parse_partition_name(name: str) -> tuple[Lsn, Lsn] | None:
     """``(start, end)`` of a partition directory name, or None when it is not one."""
     m = _PARTITION.match(name)
     if not m:
@@ -52,7 +57,7 @@ def parse_partition_name(name: str) -> Optional[tuple[Lsn, Lsn]]:
 
 
 def commit_record_name(end: int) -> str:
-    """The commit-log file name of the batch that ends at ``end``."""
+    """The commit-log file name of the batch that ends at ``end`` (format version 1; see :mod:`pgpoll.sink.commit_log`)."""
     return f"{Lsn(end).padded()}.json"
 
 
@@ -78,7 +83,7 @@ def table_dir_name(schema: str, table: str) -> str:
     return f"{escaped}.{_escape(table)}"
 
 
-def parse_table_dir_name(name: str) -> Optional[tuple[str, str]]:
+def parse_table_dir_name(name: str) -> tuple[str, str] | None:
     """``(schema, table)`` of a directory made by :func:`table_dir_name`, or None."""
     from urllib.parse import unquote
 

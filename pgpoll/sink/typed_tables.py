@@ -1,9 +1,14 @@
 """Writing each table's typed changes beside the envelope, in the same batch (``--typed-tables``).
 
-After the batch task has staged the envelope, the driver runs one Spark job
-per table that changed: it reads that table's staged envelope rows and turns
-them into typed change rows (:func:`pgpoll.typed.rows.typed_batch`, inside
-the Spark task), written to ``<staging>-tables/<schema>.<table>/``. Publishing
+With the pyarrow writer (:mod:`pgpoll.sink.parquet_writer`) the batch task
+writes them in the same pass as the envelope: :class:`TypedTableWriters`
+turns each envelope record batch into every table's typed change rows
+(:func:`pgpoll.sink.typed_columns.typed_columns_batch`, vectorised) as it passes; the driver then only
+saves the changed column ledgers. With Spark's writer (the fallback for
+stores pyarrow cannot reach), after the batch task has staged the envelope,
+the driver runs one Spark job per table that changed: it reads that table's
+staged envelope rows and turns them into typed change rows inside the Spark
+task. Either way they land in ``<staging>-tables/<schema>.<table>/``. Publishing
 moves them to ``tables/<schema>.<table>/lsn_range=<start>-<end>/`` together
 with the envelope, under the same commit-log record, so both views always
 hold the same changes.
@@ -15,12 +20,17 @@ table's column ledger under ``_pgpoll/tables/<schema>.<table>.json``.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterator, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pgpoll.sink import layout
-from pgpoll.sink.filesystem import OutputFilesystem
+from pgpoll.sink.filesystem import OutputFs
+from pgpoll.sink.parquet_writer import PartFiles
+from pgpoll.sink.typed_columns import typed_columns_batch
 from pgpoll.typed.rows import ColumnLedger, TypedLayout, typed_batch
 from pgpoll.typed.schemas import TableSchema
 
@@ -33,7 +43,7 @@ def tables_staging(staging: str) -> str:
 class SchemaStore:
     """``_pgpoll/schemas/<id>.json``: table shapes by content id."""
 
-    def __init__(self, fs: OutputFilesystem) -> None:
+    def __init__(self, fs: OutputFs) -> None:
         self.fs = fs
         self._cache: dict[str, TableSchema] = {}
 
@@ -55,13 +65,13 @@ class SchemaStore:
         return self._cache[sid]
 
 
-def load_ledger(fs: OutputFilesystem, schema: str, table: str) -> ColumnLedger:
+def load_ledger(fs: OutputFs, schema: str, table: str) -> ColumnLedger:
     """The table's column ledger (empty for a table not seen before)."""
     path = fs.path(layout.LEDGERS, f"{layout.table_dir_name(schema, table)}.json")
     return ColumnLedger.from_json(json.loads(fs.read_text(path))) if fs.exists(path) else ColumnLedger()
 
 
-def _save_ledger(fs: OutputFilesystem, schema: str, table: str, ledger: ColumnLedger) -> None:
+def _save_ledger(fs: OutputFs, schema: str, table: str, ledger: ColumnLedger) -> None:
     path = fs.path(layout.LEDGERS, f"{layout.table_dir_name(schema, table)}.json")
     fs.write_text(path, json.dumps(ledger.to_json(), sort_keys=True))
     ledger.changed = False
@@ -77,13 +87,19 @@ def _converter(typed: TypedLayout) -> Callable[[Iterator[pa.RecordBatch]], Itera
 
 
 def stage_typed_tables(
-    spark: Any, fs: OutputFilesystem, staging: str, schemas: Mapping[str, TableSchema]
+    spark: Any, fs: OutputFs, staging: str, schemas: Mapping[str, TableSchema], outcome: Any = None,
 ) -> dict[str, list[tuple[str, int]]]:
     """Write the typed changes of every table in the staged batch; returns {table dir: [(file, size)]}.
 
     A table known only from a TRUNCATE and never seen with columns has no
-    typed rows (its materialized state is empty anyway).
+    typed rows (its materialized state is empty anyway). When the batch task
+    wrote them already (``outcome.typed_files`` is set: the pyarrow writer),
+    only the ledgers it changed are saved.
     """
+    in_task: Mapping[str, Mapping[str, int]] | None = getattr(outcome, "typed_files", None)
+    if in_task is not None:
+        save_ledgers(fs, outcome.ledgers)
+        return {name: sorted(files.items()) for name, files in sorted(in_task.items())}
     from pyspark.sql import functions as F
 
     envelope = spark.read.parquet(staging)
@@ -104,3 +120,97 @@ def stage_typed_tables(
         rows.mapInArrow(_converter(typed), typed.spark_ddl()).write.mode("errorifexists").parquet(target)
         written[name] = [(n, size) for n, is_dir, size in fs.list(target) if not is_dir and n.startswith("part-")]
     return written
+
+
+class _TableWriter:
+    """One table's typed rows in the batch being written: its ledger, layout and open file."""
+
+    def __init__(self, directory: str, ledger: ColumnLedger) -> None:
+        self.ledger = ledger
+        self.sids: list[str] = []
+        self.layout: TypedLayout | None = None
+        self.files = PartFiles(directory)
+        self.pending: list[pa.RecordBatch] = []  # TRUNCATE rows seen before the table had any column
+
+
+class TypedTableWriters:
+    """Each table's typed change rows, written as the envelope's record batches pass (one pass, no second job).
+
+    ``schemas`` is the batch assembler's live registry (schema id ->
+    :class:`TableSchema`, in order of discovery). A table's layout is built from
+    the shapes seen so far and its ledger (read from ``ledgers``, the output's
+    ``_pgpoll/tables/``); when a later shape adds a column, the table's next
+    rows go to a new file with the wider schema (readers use ``mergeSchema``,
+    as across partitions). Changed ledgers are returned by :meth:`close` for
+    the driver to save; this class writes nothing outside ``directory``.
+    """
+
+    def __init__(self, directory: str, ledgers: str | None, schemas: Mapping[str, TableSchema]) -> None:
+        self.directory = directory
+        self.ledgers = ledgers
+        self.schemas = schemas
+        self._tables: dict[tuple[str, str], _TableWriter] = {}
+
+    def _table(self, schema: str, table: str) -> _TableWriter:
+        found = self._tables.get((schema, table))
+        if found is None:
+            name = layout.table_dir_name(schema, table)
+            ledger = ColumnLedger()
+            if self.ledgers is not None and os.path.exists(f"{self.ledgers}/{name}.json"):
+                with open(f"{self.ledgers}/{name}.json", encoding="utf-8") as handle:
+                    ledger = ColumnLedger.from_json(json.load(handle))
+            found = self._tables[(schema, table)] = _TableWriter(f"{self.directory}/{name}", ledger)
+        return found
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Write the typed rows of every table in one envelope record batch (messages have none)."""
+        rows = batch.filter(pc.not_equal(batch.column("op"), pa.scalar("M")))
+        if not rows.num_rows:
+            return
+        names, tables = rows.column("schema_name"), rows.column("table_name")
+        pairs = pa.Table.from_arrays([names, tables], ["s", "t"]).group_by(["s", "t"]).aggregate([])
+        keys = [(str(s), str(t)) for s, t in zip(pairs.column("s").to_pylist(), pairs.column("t").to_pylist(), strict=True)]
+        for schema, table in keys:
+            part = rows if len(keys) == 1 else rows.filter(
+                pc.and_(pc.equal(names, pa.scalar(schema)), pc.equal(tables, pa.scalar(table)))
+            )
+            self._write_table(self._table(schema, table), part)
+
+    def _write_table(self, out: _TableWriter, rows: pa.RecordBatch) -> None:
+        seen = set(pc.unique(rows.column("schema_id")).to_pylist())
+        new = [sid for sid in self.schemas if sid in seen and sid not in out.sids]
+        if new or out.layout is None:
+            out.sids.extend(new)
+            out.layout = TypedLayout.build([self.schemas[sid] for sid in out.sids], out.ledger)
+        if not out.layout.columns:
+            out.pending.append(rows)  # a TRUNCATE of a table not seen with columns yet
+            return
+        out.files.open(out.layout.arrow_schema())
+        for earlier in out.pending:
+            out.files.write(typed_columns_batch(earlier, out.layout))
+        out.pending.clear()
+        out.files.write(typed_columns_batch(rows, out.layout))
+
+    def close(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, Any]]]:
+        """Finish every file: ``({table dir: {file: size}}, {table dir: changed ledger JSON})``."""
+        files: dict[str, dict[str, int]] = {}
+        ledgers: dict[str, dict[str, Any]] = {}
+        for (schema, table), out in self._tables.items():
+            name = layout.table_dir_name(schema, table)
+            written = out.files.close()
+            if written:
+                files[name] = written
+            if out.ledger.changed:
+                ledgers[name] = out.ledger.to_json()
+        return files, ledgers
+
+    def abort(self) -> None:
+        """Close every file, ignoring errors (the batch is being discarded)."""
+        for out in self._tables.values():
+            out.files.abort()
+
+
+def save_ledgers(fs: OutputFs, ledgers: Mapping[str, Mapping[str, Any]]) -> None:
+    """Store the column ledgers a batch task changed (table dir name -> ledger JSON)."""
+    for name, content in sorted(ledgers.items()):
+        fs.write_text(fs.path(layout.LEDGERS, f"{name}.json"), json.dumps(content, sort_keys=True))

@@ -6,12 +6,20 @@ the replica identity; it prints the type without its modifier
 base type. The ingest task asks the catalog once per table and batch. The catalog
 describes the table *now*, which can differ from when an older change was
 made; pgpoll uses it only for what the stream cannot say.
+
+Both queries run in one read-only transaction with the pinned settings, and
+server errors become pgpoll errors (so the Spark task reports them with
+their own exit code, not as "batch task failed").
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
+import psycopg2
+
+from pgpoll.source.server_errors import translate
+from pgpoll.source.session import pinned_transaction
 from pgpoll.typed.schemas import CatalogTable
 
 _TABLE_SQL = """
@@ -36,14 +44,17 @@ SELECT a.attname::text, format_type(a.atttypid, NULL),
 """
 
 
-def catalog_table(conn: Any, schema: str, table: str) -> Optional[CatalogTable]:
+def catalog_table(conn: Any, schema: str, table: str) -> CatalogTable | None:
     """The table's replica identity, key columns and full column types; None when it no longer exists."""
-    with conn.cursor() as cur:
-        cur.execute(_TABLE_SQL, (schema, table))
-        row = cur.fetchone()
-        if row is None:
-            return None
-        oid, identity, key = row
-        cur.execute(_COLUMNS_SQL, (oid,))
-        bases = {name: (declared, base) for name, declared, base in cur.fetchall()}
+    try:
+        with pinned_transaction(conn) as cur:
+            cur.execute(_TABLE_SQL, (schema, table))
+            row = cur.fetchone()
+            if row is None:
+                return None
+            oid, identity, key = row
+            cur.execute(_COLUMNS_SQL, (oid,))
+            bases = {name: (declared, base) for name, declared, base in cur.fetchall()}
+    except psycopg2.Error as exc:
+        raise translate(exc) from None
     return CatalogTable(identity=str(identity), key=tuple(key), base_types=bases)

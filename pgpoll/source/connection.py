@@ -6,9 +6,12 @@ which libpq reads itself when the DSN is empty). A DSN may be a libpq URI
 (``postgresql://...``), a key/value string (``host=... dbname=...``) or a
 SQLAlchemy URL (``postgresql+psycopg2://...``).
 
-Every session pgpoll opens pins the settings that change how values print
-(``TimeZone``, ``DateStyle``, ``IntervalStyle``, ``extra_float_digits``,
-``bytea_output``), so both plugins and every run print values identically.
+The settings that change how values print are pinned inside every
+transaction that reads values (:mod:`pgpoll.source.session`), not here:
+nothing rests on session state, so a connection pooler in front of the server
+changes nothing. The connection sends only startup parameters a pooler
+accepts (``application_name``, ``client_encoding``); the user's own libpq
+``options`` (DSN or ``PGOPTIONS``) are passed on untouched.
 No password ever reaches a message: use :func:`redact`.
 """
 
@@ -21,18 +24,8 @@ from typing import Any
 
 import psycopg2
 import psycopg2.extensions
-from pgpoll.errors import ConfigError, ConnectionFailedError
 
-SESSION_SETTINGS: dict[str, str] = {
-    "TimeZone": "UTC",
-    "DateStyle": "ISO, MDY",
-    "IntervalStyle": "postgres",
-    "extra_float_digits": "1",
-    "bytea_output": "hex",
-    "client_encoding": "UTF8",
-    # Fixed so that a row filter's string literals end where pgpoll's scan says.
-    "standard_conforming_strings": "on",
-}
+from pgpoll.errors import ConfigError, ConnectionFailedError, first_line
 
 _KV_PASSWORD = re.compile(r"(?<![?&])(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 _URI_PASSWORD = re.compile(r"([a-z][a-z0-9+.\-]*://[^:/@\s]*:)([^@\s]*)(@)", re.IGNORECASE)
@@ -115,14 +108,9 @@ def resolve_dsn(dsn: str | None = None) -> ConnectionTarget:
     return ConnectionTarget(dsn=dsn, source=source)
 
 
-def _options_value(user_options: str | None = None) -> str:
-    """libpq ``options``: the user's own (e.g. a search_path) first, then pgpoll's pinned settings."""
-    pinned = " ".join(f"-c {k}={v.replace(' ', chr(92) + ' ')}" for k, v in SESSION_SETTINGS.items())
-    return f"{user_options} {pinned}" if user_options else pinned
-
-
-# libpq reports connection failures without a SQLSTATE; recognise the permanent
-# ones by their (untranslated, lc_messages C) server text.
+# libpq reports connection failures without a SQLSTATE; recognise them by their
+# (untranslated, lc_messages C) text. The SQLSTATE decides retries: the ingest
+# control connection retries a failure at start only for 57P03 and 53300.
 _CONNECT_FAILURES = (
     ("password authentication failed", "28P01", "check the password (in the DSN, PGPASSWORD or ~/.pgpass)"),
     ("no password supplied", "28P01", "give a password in the DSN, PGPASSWORD or ~/.pgpass"),
@@ -131,6 +119,15 @@ _CONNECT_FAILURES = (
     ("role \"", "28000", "check the user name (or create the role: see sql/least_privilege.sql)"),
     ("database \"", "3D000", "check the database name in the DSN (or PGDATABASE)"),
     ("connection refused", "08001", "check the host and port, and that the server is up and listening on them"),
+    ("authentication failed", "28000", "check the user name and password (a pooler's auth_file lists its users)"),
+    ("timeout expired", "08001", "the server (or a pooler in front of it) did not answer in time: check host, port and server"),
+    ("could not translate host name", "08001", "check the host name in the DSN (or PGHOST): it does not resolve"),
+    ("the database system is", "57P03", "the server is starting up, shutting down or in recovery: try again shortly"),
+    ("too many clients", "53300", "the server has no free connection slot: try again, or raise max_connections"),
+    ("unsupported startup parameter", "08P01",
+     "a connection pooler (PgBouncer) refused a libpq startup parameter: remove `options` from the DSN and PGOPTIONS "
+     "(pgpoll needs none), or add it to the pooler's ignore_startup_parameters"),
+    ("remaining connection slots are reserved", "53300", "the server has no free connection slot: try again"),
 )
 
 
@@ -149,7 +146,7 @@ def connect(
     autocommit: bool = True,
     connect_timeout: int = 10,
 ) -> Any:
-    """Open a psycopg2 connection with pgpoll's pinned session settings.
+    """Open a psycopg2 connection (settings are pinned per transaction: :mod:`pgpoll.source.session`).
 
     Raises :class:`ConnectionFailedError` (password redacted) when the server
     cannot be reached or refuses the login; its ``sqlstate`` tells a bad
@@ -161,13 +158,13 @@ def connect(
         # An explicit keyword overrides libpq's own fallbacks, so carry them over.
         "application_name": params.get("application_name") or os.environ.get("PGAPPNAME") or application_name,
         "connect_timeout": params.get("connect_timeout") or connect_timeout,
-        "options": _options_value(params.get("options") or os.environ.get("PGOPTIONS")),
+        # A startup parameter PgBouncer accepts; every transaction that reads values pins it again.
+        "client_encoding": "UTF8",
     }
     try:
         conn = psycopg2.connect(target.dsn, **kwargs)
     except psycopg2.OperationalError as exc:
-        text = str(exc).strip()
-        detail = redact(text.splitlines()[0] if text else "connection failed", tuple(p for p in [target.password()] if p))
+        detail = redact(first_line(exc) if str(exc).strip() else "connection failed", tuple(p for p in [target.password()] if p))
         sqlstate, hint = _classify(detail)
         raise ConnectionFailedError(
             f"cannot connect to {target.redacted()}: {detail}", hint, sqlstate=getattr(exc, "pgcode", None) or sqlstate

@@ -70,6 +70,11 @@ def quote_ident(name: str) -> str:
     """Quote like PostgreSQL's ``quote_identifier`` (only when needed; keywords not checked)."""
     if _PLAIN.match(name):
         return name
+    return double_quote(name)
+
+
+def double_quote(name: str) -> str:
+    """Always double-quote ``name`` (``"`` inside doubled): for lists the server splits as identifiers."""
     return '"' + name.replace('"', '""') + '"'
 
 

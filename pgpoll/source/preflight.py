@@ -8,17 +8,13 @@ exits 4 when any check fails.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import psycopg2
 
-from pgpoll.errors import (
-    PrivilegeError,
-    PublicationNotFoundError,
-    SourceError,
-    WalLevelError,
-)
+from pgpoll.errors import PrivilegeError, PublicationNotFoundError, SourceError, WalLevelError, first_line
 from pgpoll.source.names import quote_ident
+from pgpoll.source.publication_identity import COLUMN_LIST, NO_IDENTITY, ROW_FILTER, identity_problems
 from pgpoll.source.server_errors import translate
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -32,7 +28,7 @@ class CheckItem:
     status: str
     value: str
     fix: str = ""
-    error: Optional[type[SourceError]] = None
+    error: type[SourceError] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -68,7 +64,8 @@ def _run_checks(conn: Any, plugin: str | None, publication: str | None) -> list[
                 "wal_level",
                 OK if wal_level == "logical" else FAIL,
                 wal_level,
-                "" if wal_level == "logical" else "set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart the server",
+                "" if wal_level == "logical"
+                else "set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart the server",
                 None if wal_level == "logical" else WalLevelError,
             )
         )
@@ -87,7 +84,8 @@ def _run_checks(conn: Any, plugin: str | None, publication: str | None) -> list[
         items.append(
             CheckItem("free wal senders", OK if max_senders - senders_used > 0 else WARN,
                       f"{max_senders - senders_used} of {max_senders}",
-                      "" if max_senders - senders_used > 0 else "pgpoll's SQL interface needs none, but pg_recvlogical does: raise max_wal_senders")
+                      "" if max_senders - senders_used > 0
+                      else "pgpoll's SQL interface needs none, but pg_recvlogical does: raise max_wal_senders")
         )
         cur.execute("SELECT current_user, rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user")
         user, is_super, is_repl = cur.fetchone()
@@ -104,7 +102,8 @@ def _run_checks(conn: Any, plugin: str | None, publication: str | None) -> list[
         keep = _setting(cur, "max_slot_wal_keep_size")
         items.append(
             CheckItem("max_slot_wal_keep_size", WARN if keep in ("-1", "") else OK, keep or "unknown",
-                      "unlimited: a stalled slot can fill the disk; set a limit and monitor wal_status" if keep in ("-1", "") else "")
+                      "unlimited: a stalled slot can fill the disk; set a limit and monitor wal_status"
+                      if keep in ("-1", "") else "")
         )
     if plugin:
         items.append(_check_plugin(conn, plugin, wal_level == "logical" and priv_ok))
@@ -118,61 +117,26 @@ def _run_checks(conn: Any, plugin: str | None, publication: str | None) -> list[
                       None if exists else PublicationNotFoundError)
         )
         if exists:
-            items.extend(_row_filter_identity_checks(conn, publication))
+            items.extend(_identity_checks(conn, publication))
     return items
 
 
-_FILTER_COLUMNS = """
-SELECT n.nspname, c.relname, c.relreplident, pr.prqual::text,
-       coalesce((SELECT array_agg(k) FROM pg_index i, unnest(i.indkey) k
-                 WHERE i.indrelid = c.oid
-                   AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))),
-                '{}'::int2[]),
-       (SELECT array_agg(a.attname ORDER BY a.attnum) FROM pg_attribute a
-         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)::text[],
-       (SELECT array_agg(a.attnum ORDER BY a.attnum) FROM pg_attribute a
-         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)
-FROM pg_publication p
-JOIN pg_publication_rel pr ON pr.prpubid = p.oid
-JOIN pg_class c ON c.oid = pr.prrelid
-JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE p.pubname = %s AND pr.prqual IS NOT NULL AND (p.pubupdate OR p.pubdelete)
-ORDER BY 1, 2
-"""
+_ITEM_NAMES = {NO_IDENTITY: "replica identity", COLUMN_LIST: "column list", ROW_FILTER: "row filter"}
 
 
-def _row_filter_identity_checks(conn: Any, publication: str) -> list[CheckItem]:
-    """Warn where a row filter uses columns outside the replica identity while updates or deletes are published.
+def _identity_checks(conn: Any, publication: str) -> list[CheckItem]:
+    """A failed check per table whose UPDATE or DELETE the publication makes fail on the source.
 
-    PostgreSQL then fails those UPDATEs and DELETEs on the source ("Column used
-    in the publication WHERE expression is not part of the replica identity").
-    The filter's columns are read from the stored expression tree (``:varattno``).
+    See :mod:`pgpoll.source.publication_identity`: no usable replica identity,
+    a column list that does not cover it, a row filter reading other columns.
     """
-    import re
-
-    items: list[CheckItem] = []
     with conn.cursor() as cur:
-        cur.execute(_FILTER_COLUMNS, (publication,))
-        rows = cur.fetchall()
-    for schema, table, replident, qual, key_attnums, names, attnums in rows:
-        if replident == "f":
-            continue
-        used = {int(n) for n in re.findall(r":varattno (\d+)", qual or "")}
-        outside = sorted(used - set(key_attnums or []))
-        if not outside:
-            continue
-        by_num = dict(zip(attnums or [], names or []))
-        cols = ", ".join(by_num.get(n, str(n)) for n in outside)
-        items.append(
-            CheckItem(
-                f"row filter of {schema}.{table}",
-                WARN,
-                f"uses {cols}, outside the replica identity",
-                f"UPDATE/DELETE on {schema}.{table} will fail on the source: ALTER TABLE ... REPLICA IDENTITY FULL, "
-                "or filter on key columns only",
-            )
-        )
-    return items
+        problems = identity_problems(cur, publication)
+    return [
+        CheckItem(f"{_ITEM_NAMES[p.kind]} of {p.table}", FAIL, f"{p.detail}: {p.statements} fail",
+                  p.fix(publication, for_create=False), SourceError)
+        for p in problems
+    ]
 
 
 def _check_plugin(conn: Any, plugin: str, can_probe: bool) -> CheckItem:
@@ -182,10 +146,11 @@ def _check_plugin(conn: Any, plugin: str, can_probe: bool) -> CheckItem:
         return CheckItem(f"plugin {plugin}", WARN, "not checked", "fix the failures above first")
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_create_logical_replication_slot('pgpoll_check_probe_' || pg_backend_pid(), %s, true)", (plugin,))
-            cur.execute("SELECT pg_drop_replication_slot('pgpoll_check_probe_' || pg_backend_pid())")
+            # One statement: behind a transaction pooler two would run on different server connections.
+            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_create_logical_replication_slot("
+                        "'pgpoll_check_probe_' || pg_backend_pid(), %s, true)", (plugin,))
     except psycopg2.Error as exc:
-        first = (exc.pgerror or str(exc)).strip().splitlines()[0] if (exc.pgerror or str(exc)).strip() else "error"
+        first = first_line(exc)
         return CheckItem(f"plugin {plugin}", FAIL, first,
                          f"install {plugin} on the server (Debian: postgresql-contrib) or use --plugin pgoutput", SourceError)
     return CheckItem(f"plugin {plugin}", OK, "available")

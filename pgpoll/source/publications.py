@@ -10,14 +10,17 @@ it reaches the server, which then applies its own rules for row filters.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import psycopg2
 from psycopg2 import sql
 
 from pgpoll.errors import ConfigError, PrivilegeError, PublicationNotFoundError
 from pgpoll.source.names import QualifiedName, check_identifier, parse_column_list, parse_qualified_name
+from pgpoll.source.publication_identity import IdentityProblem, identity_problems
 from pgpoll.source.server_errors import translate
 
 PUBLISH_ACTIONS = ("insert", "update", "delete", "truncate")
@@ -28,8 +31,8 @@ class TableSpec:
     """One ``--table`` argument, parsed."""
 
     name: QualifiedName
-    columns: Optional[tuple[str, ...]] = None
-    row_filter: Optional[str] = None
+    columns: tuple[str, ...] | None = None
+    row_filter: str | None = None
 
     def sql(self) -> sql.Composable:
         """``TABLE "s"."t" ("a", "b") WHERE (expr)`` as SQL."""
@@ -100,12 +103,12 @@ def parse_table_spec(spec: str) -> TableSpec:
     name, pos = parse_qualified_name(spec)
     while pos < len(spec) and spec[pos].isspace():
         pos += 1
-    columns: Optional[tuple[str, ...]] = None
+    columns: tuple[str, ...] | None = None
     if spec.startswith("(", pos):
         cols, pos = parse_column_list(spec, pos)
         columns = tuple(cols)
     rest = spec[pos:].strip()
-    row_filter: Optional[str] = None
+    row_filter: str | None = None
     if rest:
         m = re.match(r"(?i)where\s*", rest)
         if not m:
@@ -116,6 +119,31 @@ def parse_table_spec(spec: str) -> TableSpec:
     return TableSpec(name, columns, row_filter)
 
 
+@dataclass(frozen=True)
+class CreatedPublication:
+    """What :func:`create_publication` did."""
+
+    name: str
+    identity_full: tuple[str, ...] = ()
+    """Tables set to REPLICA IDENTITY FULL (``replica_identity_full=True``), ``schema.table``."""
+
+
+@contextmanager
+def _transaction(conn: Any) -> Iterator[Any]:
+    """One transaction on ``conn`` (committed on success, rolled back on any error), then its autocommit back."""
+    autocommit = conn.autocommit
+    conn.autocommit = False
+    try:
+        with conn.cursor() as cur:
+            yield cur
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    finally:
+        conn.autocommit = autocommit
+
+
 def create_publication(
     conn: Any,
     name: str,
@@ -124,8 +152,16 @@ def create_publication(
     tables: list[TableSpec] | None = None,
     publish: list[str] | None = None,
     via_partition_root: bool = False,
-) -> None:
-    """CREATE PUBLICATION with quoted names; exactly one of ``all_tables``/``tables``."""
+    replica_identity_full: bool = False,
+) -> CreatedPublication:
+    """CREATE PUBLICATION with quoted names; exactly one of ``all_tables``/``tables``.
+
+    Refused with :class:`ConfigError`, and nothing created, when a table's UPDATE
+    or DELETE would then fail on the source (:mod:`pgpoll.source.publication_identity`).
+    With ``replica_identity_full`` the tables that REPLICA IDENTITY FULL fixes are
+    altered in the same transaction (a change to the source tables: their UPDATE
+    and DELETE then log the whole old row).
+    """
     check_identifier(name, "publication name")
     if all_tables == bool(tables):
         raise ConfigError("give either --all-tables or one or more --table", "e.g. --table public.orders")
@@ -138,15 +174,27 @@ def create_publication(
     if publish is not None:
         bad = [p for p in publish if p not in PUBLISH_ACTIONS]
         if bad or not publish:
-            raise ConfigError(f"unknown --publish action(s) {bad or publish}", "use a comma list of insert,update,delete,truncate")
+            raise ConfigError(f"unknown --publish action(s) {bad or publish}",
+                              "use a comma list of insert,update,delete,truncate")
         with_opts.append(sql.SQL("publish = {}").format(sql.Literal(", ".join(publish))))
     if via_partition_root:
         with_opts.append(sql.SQL("publish_via_partition_root = true"))
     if with_opts:
         query += sql.SQL(" WITH (") + sql.SQL(", ").join(with_opts) + sql.SQL(")")
     try:
-        with conn.cursor() as cur:
+        with _transaction(conn) as cur:
             cur.execute(query)
+            problems = identity_problems(cur, name)
+            altered: list[str] = []
+            if problems and replica_identity_full:
+                for problem in problems:
+                    if problem.full_fixes and problem.table not in altered:
+                        cur.execute(sql.SQL("ALTER TABLE {}.{} REPLICA IDENTITY FULL").format(
+                            sql.Identifier(problem.relation[0]), sql.Identifier(problem.relation[1])))
+                        altered.append(problem.table)
+                problems = identity_problems(cur, name)
+            if problems:
+                raise _refusal(name, problems)
     except psycopg2.Error as exc:
         if exc.pgcode in _BAD_DEFINITION:
             detail = getattr(exc.diag, "message_detail", None)
@@ -163,6 +211,18 @@ def create_publication(
                 sqlstate=exc.pgcode,
             ) from None
         raise translate(exc) from None
+    return CreatedPublication(name, tuple(altered))
+
+
+def _refusal(name: str, problems: list[IdentityProblem]) -> ConfigError:
+    first = problems[0]
+    others = sorted({p.table for p in problems[1:]} - {first.table})
+    more = f" (and {len(others)} more: {', '.join(others[:5])}{', ...' if len(others) > 5 else ''})" if others else ""
+    return ConfigError(
+        f"publication {name} not created: {first.message()}{more}",
+        first.fix(name, for_create=True),
+        relation=first.table,
+    )
 
 
 # A publication definition PostgreSQL refuses as written: syntax error, feature
@@ -176,7 +236,8 @@ def drop_publication(conn: Any, name: str, *, if_exists: bool = False) -> bool:
     if not publication_exists(conn, name):
         if if_exists:
             return False
-        raise PublicationNotFoundError(f'publication "{name}" does not exist', "check the name with: pgpoll publication show NAME")
+        raise PublicationNotFoundError(f'publication "{name}" does not exist',
+                                       "check the name with: pgpoll publication show NAME")
     try:
         with conn.cursor() as cur:
             cur.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(name)))
@@ -201,8 +262,8 @@ class PublishedTable:
 
     schema: str
     table: str
-    columns: Optional[tuple[str, ...]]
-    row_filter: Optional[str]
+    columns: tuple[str, ...] | None
+    row_filter: str | None
 
 
 @dataclass(frozen=True)
@@ -223,7 +284,8 @@ class PublicationInfo:
             "publish": list(self.publish),
             "via_partition_root": self.via_partition_root,
             "tables": [
-                {"schema": t.schema, "table": t.table, "columns": list(t.columns) if t.columns else None, "row_filter": t.row_filter}
+                {"schema": t.schema, "table": t.table, "columns": list(t.columns) if t.columns else None,
+                 "row_filter": t.row_filter}
                 for t in self.tables
             ],
         }
@@ -264,7 +326,7 @@ def show_publication(conn: Any, name: str) -> PublicationInfo:
         raise PublicationNotFoundError(
             f'publication "{name}" does not exist', "create it: pgpoll publication create NAME --table schema.tbl"
         )
-    publish = tuple(a for a, on in zip(PUBLISH_ACTIONS, row[1:5]) if on)
+    publish = tuple(a for a, on in zip(PUBLISH_ACTIONS, row[1:5], strict=True) if on)
     tables = [
         PublishedTable(schema, table, tuple(attnames) if has_list else None, rowfilter)
         for schema, table, attnames, rowfilter, has_list in table_rows

@@ -16,13 +16,15 @@ Names are always bound as parameters; nothing from the filter text reaches SQL.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import psycopg2
 
 from pgpoll.errors import ConfigError
 from pgpoll.rowfilter.evaluate import TableFilters
 from pgpoll.rowfilter.expression import RowFilter
+from pgpoll.source.names import double_quote
 from pgpoll.source.server_errors import translate
 
 __all__ = ["check_row_filters"]
@@ -50,10 +52,6 @@ ORDER BY k.ord
 _IDENTITY = {"d": "DEFAULT", "i": "USING INDEX", "n": "NOTHING", "f": "FULL"}
 
 
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def check_row_filters(conn: Any, filters: Sequence[RowFilter]) -> dict[tuple[str, str], tuple[str, ...]]:
     """Check ``filters`` against the catalog; return ``{(schema, table): key columns}``.
 
@@ -72,7 +70,7 @@ def check_row_filters(conn: Any, filters: Sequence[RowFilter]) -> dict[tuple[str
 
 
 def _check_table(cur: Any, grouped: TableFilters, schema: str, table: str) -> tuple[str, ...]:
-    shown = f"{_quote(schema)}.{_quote(table)}"
+    shown = f"{double_quote(schema)}.{double_quote(table)}"
     cur.execute(_TABLE, (schema, table))
     row = cur.fetchone()
     if row is None:

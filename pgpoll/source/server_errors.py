@@ -39,8 +39,9 @@ TRANSIENT_SQLSTATES = frozenset(
 
 
 # SQLSTATEs of connection failures that no retry fixes: bad password, no such
-# role or database, no CONNECT privilege, refused by pg_hba.conf.
-PERMANENT_CONNECT_SQLSTATES = frozenset({"28P01", "28000", "3D000", "42501"})
+# role or database, no CONNECT privilege, refused by pg_hba.conf, a startup
+# parameter a pooler refuses (08P01).
+PERMANENT_CONNECT_SQLSTATES = frozenset({"28P01", "28000", "3D000", "42501", "08P01"})
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -53,9 +54,7 @@ def is_transient(exc: BaseException) -> bool:
             return True
         if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) and code is None:
             return not _is_permanent_login_failure(str(exc))
-    if isinstance(exc, PgpollError) and exc.sqlstate in TRANSIENT_SQLSTATES:
-        return True
-    return False
+    return isinstance(exc, PgpollError) and exc.sqlstate in TRANSIENT_SQLSTATES
 
 
 _PERMANENT_LOGIN = (
@@ -133,7 +132,8 @@ def translate(exc: psycopg2.Error, *, slot: str | None = None) -> PgpollError:
     if code == "42501" or "permission denied" in low or "must be superuser or replication role" in low:
         return PrivilegeError(
             msg,
-            "grant the role REPLICATION (ALTER ROLE name REPLICATION) and SELECT on the captured tables; see sql/least_privilege.sql",
+            "grant the role REPLICATION (ALTER ROLE name REPLICATION) and SELECT on the captured tables; "
+            "see sql/least_privilege.sql",
             sqlstate=code,
         )
     if code == "42704" and "publication" in low:
@@ -148,7 +148,9 @@ def translate(exc: psycopg2.Error, *, slot: str | None = None) -> PgpollError:
     if code == "42703":
         return SourceError(msg, "check the column names (double-quote names with upper case or other characters)", sqlstate=code)
     if code == "58P01" or "could not access file" in low:
-        return SourceError(msg, "the output plugin is not installed on the server; install it or use --plugin pgoutput", sqlstate=code)
+        return SourceError(
+            msg, "the output plugin is not installed on the server; install it or use --plugin pgoutput", sqlstate=code
+        )
     if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)) or (code or "").startswith(("08", "57P")):
         return ConnectionFailedError(
             f"lost the connection to the server: {msg}",

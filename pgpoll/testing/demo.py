@@ -5,7 +5,12 @@ creates a table, a test_decoding slot and a pgoutput slot with its publication,
 runs a small workload (inserts, updates, deletes, a truncate), then runs
 :func:`run_demo`, which shows the slots through the real ``pgpoll`` command
 line, ingests both with ``--typed-tables`` and materializes the table's
-current state (read back with pyarrow and, when installed, DuckDB). The server is stopped at the end, also on failure, Ctrl-C or SIGTERM.
+current state (read back with pyarrow and, when installed, DuckDB). The
+server is stopped at the end, also on failure, Ctrl-C or SIGTERM.
+
+``make demo`` installs pgpoll and DuckDB only (not the test matrix's PostgreSQL
+wheels): the server is the system's PostgreSQL, or any other that
+:func:`~pgpoll.testing.cluster.find_bindirs` finds.
 
 Run: ``python -m pgpoll.testing.demo [--workdir DIR]``.
 """
@@ -19,8 +24,9 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import psycopg2
 
@@ -115,7 +121,8 @@ def show_output(output: Path) -> None:
 
     table = ds.dataset(output / "changes", format="parquet", partitioning="hive").to_table()
     print(f"\n{table.num_rows} change(s) landed under {output}/changes:", flush=True)
-    counts = table.group_by(["table_name", "op"]).aggregate([("seq", "count")]).sort_by([("table_name", "ascending"), ("op", "ascending")])
+    counts = table.group_by(["table_name", "op"]).aggregate([("seq", "count")])
+    counts = counts.sort_by([("table_name", "ascending"), ("op", "ascending")])
     for row in counts.to_pylist():
         print(f"  {row['table_name']:<10} {row['op']}  {row['seq_count']}", flush=True)
     for row in table.sort_by([("commit_lsn", "ascending"), ("seq", "ascending")]).slice(0, 4).to_pylist():
@@ -139,8 +146,9 @@ def show_state(path: Path) -> None:
         return
     query = f"SELECT id, customer, total, status FROM read_parquet('{path}/*.parquet') ORDER BY id"
     print(f"\nduckdb> {query}", flush=True)
-    for row in duckdb.sql(query).fetchall():
-        print(f"  {row}", flush=True)
+    relation = duckdb.sql(query)
+    for values in relation.fetchall() if relation is not None else []:
+        print(f"  {values}", flush=True)
 
 
 def first_installation_with_test_decoding() -> Any:

@@ -21,7 +21,7 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    for major, inst in found.items():
+    for inst in found.values():
         plugins = "pgoutput, test_decoding" if inst.has_test_decoding else "pgoutput only"
         print(f"PostgreSQL {inst.version}: {inst.bindir} ({plugins})")
     return 0

@@ -10,24 +10,34 @@ Fixtures
                 version in ``PGPOLL_TEST_PG`` (ids ``pg15``, ``pg16``...); a version that
                 is not installed skips with the reason.
 ``spark``       one local SparkSession for the whole test run.
+``pool_mode``   ``"session"`` and ``"transaction"``: a test using a PgBouncer fixture runs in both
+                modes (ids ``session``, ``transaction``); narrow it with
+                ``@pytest.mark.parametrize("pool_mode", ["transaction"])``.
+``pgbouncer``   a real PgBouncer in ``pool_mode`` in front of ``pg_server``
+                (:class:`pgpoll.testing.pgbouncer.PgBouncer`), started once per mode; the
+                test skips, saying why, only where pgbouncer is not installed.
+``pooled_dsn``  the DSN of the ``db`` database through ``pgbouncer`` (no password: trust).
 
 Versions: ``PGPOLL_TEST_PG=15,16,17,18`` (default: 15 when installed, else the
 newest found). Servers start lazily, once per session, and are stopped at the
-end, also when tests fail.
+end, also when tests fail (PgBouncers before the servers behind them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import psycopg2
 import pytest
 
 from pgpoll.testing.cluster import Installation, ThrowawayCluster, find_bindirs
+from pgpoll.testing.pgbouncer import POOL_MODES, PgBouncer, find_pgbouncer
 
 
 @dataclass
@@ -183,10 +193,8 @@ class TestDatabase:
 
     def close(self) -> None:
         for conn in self._conns:
-            try:
+            with contextlib.suppress(psycopg2.Error):
                 conn.close()
-            except psycopg2.Error:
-                pass
         self._conns.clear()
 
 
@@ -216,10 +224,8 @@ def _drop_db(db: TestDatabase) -> None:
             )
             cur.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (db.name,))
             for (slot,) in cur.fetchall():
-                try:
+                with contextlib.suppress(psycopg2.Error):
                     cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-                except psycopg2.Error:
-                    pass
             cur.execute(f'DROP DATABASE IF EXISTS "{db.name}" WITH (FORCE)')
     except psycopg2.Error:
         pass
@@ -227,7 +233,8 @@ def _drop_db(db: TestDatabase) -> None:
         conn.close()
 
 
-_POOL: Optional[ServerPool] = None
+_POOL: ServerPool | None = None
+_BOUNCERS: dict[tuple[int, str], PgBouncer] = {}
 
 
 def _pool() -> ServerPool:
@@ -244,6 +251,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    for bouncer in _BOUNCERS.values():
+        bouncer.stop()
+    _BOUNCERS.clear()
     if _POOL is not None:
         _POOL.stop_all()
 
@@ -307,3 +317,26 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(params=POOL_MODES)
+def pool_mode(request: pytest.FixtureRequest) -> str:
+    """PgBouncer's ``pool_mode``: each test using it runs in session and in transaction mode."""
+    return str(request.param)
+
+
+@pytest.fixture
+def pgbouncer(pg_server: Any, pool_mode: str) -> PgBouncer:
+    """A PgBouncer in ``pool_mode`` in front of the primary server (one per mode, for the whole run)."""
+    key = (id(pg_server), pool_mode)
+    if key not in _BOUNCERS:
+        if find_pgbouncer() is None:
+            pytest.skip("pgbouncer is not installed (Debian: apt-get install pgbouncer; .ci/run installs it)")
+        _BOUNCERS[key] = PgBouncer(pg_server, pool_mode=pool_mode).start()
+    return _BOUNCERS[key]
+
+
+@pytest.fixture
+def pooled_dsn(db: TestDatabase, pgbouncer: PgBouncer) -> str:
+    """The DSN of the test's database through PgBouncer."""
+    return pgbouncer.dsn(db.name)

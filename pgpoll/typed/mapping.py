@@ -33,11 +33,13 @@ exact text is kept elsewhere):
 | time, timetz | string (exact text) | string | - (Spark cannot read Parquet TIME) |
 | timestamp | timestamp[us] | timestamp_ntz | infinity, -infinity, BC, year > 9999 |
 | timestamptz | timestamp[us, UTC] | timestamp | infinity, -infinity, BC, year > 9999 |
-| interval | struct<months int32, days int32, microseconds int64> | struct<months:int,days:int,microseconds:bigint> | infinity, -infinity (PostgreSQL 17+) |
+| interval | struct<months int32, days int32, microseconds int64> | same (int, int, bigint) | infinity, -infinity (PG 17+) |
 | uuid, json, jsonb, inet, cidr, macaddr, macaddr8 | string | string | - |
 | T[] of a typed T | list<arrow(T)> | array<spark(T)> | not 1-D, explicit bounds, an element T cannot hold |
 | T[] of an exact T | list<string> (element texts) | array<string> | not 1-D, explicit bounds |
-| anything else, "exact" (enums, ranges, composites, money, xml, bit, varbit, tsvector, box[], unknown OIDs) | string (exact text) | string | - |
+| anything else, "exact" (see below) | string (exact text) | string | - |
+
+"Exact" types include enums, ranges, composites, money, xml, bit, varbit, tsvector, box[] and unknown OIDs.
 
 Domains: pgoutput's Type message names the domain's *base* type
 (``logicalrep_write_typ`` calls ``getBaseType``), so a domain over ``int4``
@@ -52,20 +54,21 @@ built-in type whose array delimiter is ``;``) are ``exact`` as a whole.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import pyarrow as pa
 
 __all__ = [
-    "KINDS",
     "INTERVAL_STRUCT",
+    "KINDS",
     "PgType",
-    "type_from_oid",
-    "type_from_name",
-    "decimal_shape",
     "arrow_type",
+    "decimal_shape",
     "spark_ddl",
+    "type_from_name",
+    "type_from_oid",
     "type_tag",
 ]
 
@@ -92,9 +95,9 @@ class PgType:
 
     kind: str
     declared: str
-    precision: Optional[int] = None
-    scale: Optional[int] = None
-    element: Optional["PgType"] = None
+    precision: int | None = None
+    scale: int | None = None
+    element: PgType | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -114,7 +117,7 @@ class PgType:
         return out
 
     @staticmethod
-    def from_json(d: Mapping[str, Any]) -> "PgType":
+    def from_json(d: Mapping[str, Any]) -> PgType:
         """The inverse of :meth:`to_json`."""
         element = d.get("element")
         return PgType(
@@ -183,7 +186,7 @@ _INTERVAL_RE = re.compile(r"interval(?:\(\d\))?(?: (?:year|month|day|hour|minute
 _PRECISION_TYPES = {"time", "timetz", "timestamp", "timestamptz"}
 
 
-def _numeric_typmod(typmod: int) -> tuple[Optional[int], Optional[int]]:
+def _numeric_typmod(typmod: int) -> tuple[int | None, int | None]:
     """numeric's typmod -> (precision, scale); ``(None, None)`` for -1 (unconstrained).
 
     ``typmod = ((precision << 16) | (scale & 0x7ff)) + VARHDRSZ``; since
@@ -308,7 +311,7 @@ _ARROW: dict[str, pa.DataType] = {
 }
 
 
-def decimal_shape(t: PgType) -> Optional[tuple[int, int]]:
+def decimal_shape(t: PgType) -> tuple[int, int] | None:
     """The Arrow (precision, scale) holding a constrained numeric, or ``None`` (string).
 
     ``numeric(p,s)`` with ``0 <= s <= p`` is ``(p, s)``; a negative scale

@@ -30,13 +30,14 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any
 
 import pyarrow as pa
 
+from pgpoll.typed.conversions import to_arrow
 from pgpoll.typed.mapping import PgType, arrow_type, spark_ddl, type_tag
-from pgpoll.typed.values import to_arrow
 from pgpoll.typed.schemas import TableSchema
 
 META_COLUMNS = ("_op", "_commit_lsn", "_seq", "_commit_ts", "_unchanged_toast", "_before", "_untyped", "_schema_id")
@@ -65,7 +66,7 @@ class ColumnLedger:
     changed: bool = False
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "ColumnLedger":
+    def from_json(cls, data: Mapping[str, Any]) -> ColumnLedger:
         """Parse the ledger file's content."""
         return cls(
             [LedgerEntry(e["name"], e["spark_type"], e["physical"], PgType.from_json(e["type"])) for e in data.get("columns", ())]
@@ -102,7 +103,7 @@ class TypedLayout:
     physical: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, schemas: Iterable[TableSchema], ledger: ColumnLedger) -> "TypedLayout":
+    def build(cls, schemas: Iterable[TableSchema], ledger: ColumnLedger) -> TypedLayout:
         """Every column the table ever had (``schemas`` registered first), named through ``ledger``.
 
         Every partition carries every physical column the table has had so
@@ -119,19 +120,17 @@ class TypedLayout:
     def arrow_schema(self) -> pa.Schema:
         """The typed change rows' Arrow schema."""
         own = [pa.field(p, arrow_type(t)) for p, _n, t in self.columns]
-        return pa.schema(
-            own
-            + [
-                pa.field("_op", pa.string()),
-                pa.field("_commit_lsn", pa.int64()),
-                pa.field("_seq", pa.int32()),
-                pa.field("_commit_ts", _TS),
-                pa.field("_unchanged_toast", pa.list_(pa.string())),
-                pa.field("_before", pa.struct(own) if own else pa.struct([pa.field("_none", pa.int8())])),
-                pa.field("_untyped", pa.map_(pa.string(), pa.string())),
-                pa.field("_schema_id", pa.string()),
-            ]
-        )
+        return pa.schema([
+            *own,
+            pa.field("_op", pa.string()),
+            pa.field("_commit_lsn", pa.int64()),
+            pa.field("_seq", pa.int32()),
+            pa.field("_commit_ts", _TS),
+            pa.field("_unchanged_toast", pa.list_(pa.string())),
+            pa.field("_before", pa.struct(own) if own else pa.struct([pa.field("_none", pa.int8())])),
+            pa.field("_untyped", pa.map_(pa.string(), pa.string())),
+            pa.field("_schema_id", pa.string()),
+        ])
 
     def spark_ddl(self) -> str:
         """The same schema as a Spark DDL string (names back-quoted)."""
@@ -152,21 +151,20 @@ def quote(name: str) -> str:
 
 def typed_batch(batch: pa.RecordBatch, layout: TypedLayout) -> pa.RecordBatch:
     """Envelope rows (of one table) as typed change rows."""
-    ops: list[str] = batch.column("op").to_pylist()
-    sids: list[Optional[str]] = batch.column("schema_id").to_pylist()
-    befores: list[Optional[list[tuple[str, Optional[str]]]]] = batch.column("before").to_pylist()
-    afters: list[Optional[list[tuple[str, Optional[str]]]]] = batch.column("after").to_pylist()
+    ops: list[str | None] = batch.column("op").to_pylist()
+    sids: list[str | None] = batch.column("schema_id").to_pylist()
+    befores: list[list[tuple[str, str | None]] | None] = batch.column("before").to_pylist()
+    afters: list[list[tuple[str, str | None]] | None] = batch.column("after").to_pylist()
     n = len(ops)
-    main: list[Optional[dict[str, Optional[str]]]] = []
-    old: list[Optional[dict[str, Optional[str]]]] = []
-    for i in range(n):
-        op = ops[i]
+    main: list[dict[str, str | None] | None] = []
+    old: list[dict[str, str | None] | None] = []
+    for op, before_image, after_image in zip(ops, befores, afters, strict=True):
         if op == "D":
-            main.append(dict(befores[i] or ()))
+            main.append(dict(before_image or ()))
             old.append(None)
         elif op in ("I", "U"):
-            main.append(dict(afters[i] or ()))
-            old.append(dict(befores[i]) if op == "U" and befores[i] is not None else None)
+            main.append(dict(after_image or ()))
+            old.append(dict(before_image) if op == "U" and before_image is not None else None)
         else:
             main.append(None)
             old.append(None)
@@ -180,10 +178,11 @@ def typed_batch(batch: pa.RecordBatch, layout: TypedLayout) -> pa.RecordBatch:
         before = pa.StructArray.from_arrays(own_old, fields=list(before_type), mask=mask)
     else:
         before = pa.nulls(n, before_type)
-    def passed(source: str, into: str) -> pa.Array:  # Spark's Arrow types differ in tz and list field names
+    def passed(source: str, into: str) -> pa.Array[Any]:  # Spark's Arrow types differ in tz and list field names
         return batch.column(source).cast(target.field(into).type)
 
-    arrays = own_main + [
+    arrays = [
+        *own_main,
         passed("op", "_op"),
         passed("commit_lsn", "_commit_lsn"),
         passed("seq", "_seq"),
@@ -197,13 +196,16 @@ def typed_batch(batch: pa.RecordBatch, layout: TypedLayout) -> pa.RecordBatch:
 
 
 def _typed_columns(
-    layout: TypedLayout, sids: Sequence[Optional[str]], images: Sequence[Optional[dict[str, Optional[str]]]],
+    layout: TypedLayout, sids: Sequence[str | None], images: Sequence[dict[str, str | None] | None],
     untyped: list[list[tuple[str, str]]], prefix: str,
-) -> list[pa.Array]:
-    arrays: list[pa.Array] = []
+) -> list[pa.Array[Any]]:
+    arrays: list[pa.Array[Any]] = []
     for phys, name, t in layout.columns:
         holders = {sid for sid, names in layout.physical.items() if names.get(name) == phys}
-        texts = [image.get(name) if image is not None and sid in holders else None for sid, image in zip(sids, images)]
+        texts = [
+            image.get(name) if image is not None and sid in holders else None
+            for sid, image in zip(sids, images, strict=True)
+        ]
         array, fallback = to_arrow(t, texts)
         for i in fallback:
             text = texts[i]

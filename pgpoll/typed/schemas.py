@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from pgpoll.typed.mapping import PgType, type_from_name, type_from_oid
 
@@ -51,7 +52,7 @@ class TableSchema:
     table: str
     columns: tuple[ColumnSchema, ...]
     key: tuple[str, ...] = ()
-    identity: Optional[str] = None
+    identity: str | None = None
     partial: bool = False
     schema_id: str = field(default="", compare=False)
 
@@ -70,7 +71,7 @@ class TableSchema:
         """Column names in table order."""
         return tuple(c.name for c in self.columns)
 
-    def column(self, name: str) -> Optional[ColumnSchema]:
+    def column(self, name: str) -> ColumnSchema | None:
         """The column called ``name``, or None."""
         for c in self.columns:
             if c.name == name:
@@ -94,7 +95,7 @@ class TableSchema:
         return json.dumps(data, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "TableSchema":
+    def from_json(cls, text: str) -> TableSchema:
         """Parse :meth:`to_json`'s output."""
         data = json.loads(text)
         return cls(
@@ -130,13 +131,13 @@ class CatalogTable:
     domain, is its base type; both as ``format_type`` prints them.
     """
 
-    identity: Optional[str]
+    identity: str | None
     key: tuple[str, ...]
     base_types: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def schema_from_columns(
-    schema: str, table: str, columns: Sequence[tuple[str, Optional[str]]], catalog: Optional[CatalogTable], *,
+    schema: str, table: str, columns: Sequence[tuple[str, str | None]], catalog: CatalogTable | None, *,
     partial: bool = False,
 ) -> TableSchema:
     """The schema of a test_decoding row: its ``(name, type name)`` pairs plus the catalog's identity.

@@ -12,9 +12,10 @@ import secrets
 import shutil
 import subprocess
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result

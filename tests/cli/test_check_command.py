@@ -15,7 +15,7 @@ def test_check_ready_server_exits_0_with_every_check(db: Any, pgpoll: Any) -> No
     lines = result.stdout.splitlines()
     assert lines[0].startswith("server: postgresql://postgres:***@127.0.0.1:")
     assert lines[1].split() == ["check", "status", "value", "fix"]
-    assert [line[: len(name)] for line, name in zip(lines[2:], CHECK_NAMES)] == CHECK_NAMES
+    assert [line[: len(name)] for line, name in zip(lines[2:], CHECK_NAMES, strict=False)] == CHECK_NAMES
     assert "wal_level               ok      logical" in result.stdout
     assert "postgres (superuser)" in result.stdout
     assert result.stderr == ""
@@ -71,4 +71,5 @@ def test_check_existing_publication_passes(db: Any, pgpoll: Any) -> None:
     db.execute('CREATE PUBLICATION "Odd Pub" FOR ALL TABLES')
     result = pgpoll("check", "--json", "--publication", "Odd Pub", "--dsn", db.dsn)
     assert result.exit_code == 0
-    assert json.loads(result.stdout.splitlines()[-1]) == {"check": "publication Odd Pub", "status": "ok", "value": "exists", "fix": ""}
+    assert json.loads(result.stdout.splitlines()[-1]) == {
+        "check": "publication Odd Pub", "status": "ok", "value": "exists", "fix": ""}

@@ -25,9 +25,12 @@ def pubs(db: Any) -> list[str]:
 
 
 def make_table(db: Any, schema: str, table: str, columns: list[str]) -> None:
+    """A table of int columns whose primary key is its first two (what the tests' column lists and filters use)."""
     db.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
     cols = sql.SQL(", ").join(sql.SQL("{} int").format(sql.Identifier(c)) for c in columns)
-    db.execute(sql.SQL("CREATE TABLE {}.{} ({})").format(sql.Identifier(schema), sql.Identifier(table), cols))
+    key = sql.SQL(", ").join(sql.Identifier(c) for c in columns[:2])
+    db.execute(sql.SQL("CREATE TABLE {}.{} ({}, PRIMARY KEY ({}))").format(
+        sql.Identifier(schema), sql.Identifier(table), cols, key))
 
 
 @pytest.mark.parametrize(("schema", "table", "columns", "publication"), HOSTILE)
@@ -80,7 +83,7 @@ def test_show_reports_no_column_list_when_none_was_given(db: Any, pgpoll: Any) -
 
 
 def test_create_with_publish_actions_and_via_partition_root(db: Any, pgpoll: Any) -> None:
-    db.execute("CREATE TABLE parted (id int, day date) PARTITION BY RANGE (day)")
+    db.execute("CREATE TABLE parted (id int, day date, PRIMARY KEY (id, day)) PARTITION BY RANGE (day)")
     db.execute("CREATE TABLE parted_2024 PARTITION OF parted FOR VALUES FROM ('2024-01-01') TO ('2025-01-01')")
     result = pgpoll("publication", "create", "p", "--table", "parted", "--publish", "insert, delete",
                     "--via-partition-root", "--dsn", db.dsn)
@@ -95,10 +98,17 @@ def test_create_with_publish_actions_and_via_partition_root(db: Any, pgpoll: Any
 
 def test_create_all_tables(db: Any, pgpoll: Any) -> None:
     db.execute("CREATE TABLE a (id int PRIMARY KEY)")
-    assert pgpoll("publication", "create", "everything", "--all-tables", "--dsn", db.dsn).exit_code == 0
+    created = pgpoll("publication", "create", "everything", "--all-tables", "--dsn", db.dsn)
+    assert created.exit_code == 0
+    assert created.stderr == ("warning: publication everything is FOR ALL TABLES: tables created later are published too; "
+                              "each needs a primary key (or REPLICA IDENTITY FULL) or its UPDATE and DELETE will fail "
+                              "on the source\n")
     info = json.loads(pgpoll("publication", "show", "everything", "--json", "--dsn", db.dsn).stdout)
     assert info["all_tables"] is True
     assert [(t["schema"], t["table"], t["columns"]) for t in info["tables"]] == [("public", "a", None)]
+    inserts = pgpoll("publication", "create", "inserts", "--all-tables", "--publish", "insert", "--dsn", db.dsn)
+    assert inserts.exit_code == 0
+    assert inserts.stderr == "warning: publication inserts is FOR ALL TABLES: tables created later are published too\n"
 
 
 REFUSED_FILTERS = [
@@ -134,7 +144,8 @@ def test_unsafe_or_malformed_table_spec_exits_2_and_creates_nothing(db: Any, pgp
 def test_row_filter_keeps_semicolons_and_dashes_inside_string_literals(db: Any, pgpoll: Any) -> None:
     db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     spec = """t WHERE (v <> ';--/*$' AND v <> 'it''s' AND "v" IS NOT NULL)"""
-    result = pgpoll("publication", "create", "p", "--table", spec, "--dsn", db.dsn)
+    # insert only: a filter on the non-key v with UPDATE/DELETE published would be refused
+    result = pgpoll("publication", "create", "p", "--table", spec, "--publish", "insert", "--dsn", db.dsn)
     assert result.exit_code == 0, result.output
     info = json.loads(pgpoll("publication", "show", "p", "--json", "--dsn", db.dsn).stdout)
     assert "';--/*$'::text" in info["tables"][0]["row_filter"]
@@ -251,3 +262,80 @@ def test_peek_pgoutput_with_hostile_publication_name(db: Any, pgpoll: Any) -> No
     assert result.exit_code == 0, result.output
     kinds = [bytes.fromhex(json.loads(line)["data_hex"])[:1] for line in result.stdout.splitlines()]
     assert kinds == [b"B", b"R", b"I", b"C"]
+
+
+# ---- never break the source's writes (issue 15, item 5) -------------------------------------
+
+
+def identity(db: Any, table: str) -> str:
+    return str(db.execute("SELECT relreplident FROM pg_class WHERE oid = %s::regclass", (table,))[0][0])
+
+
+def test_table_without_primary_key_is_refused_naming_the_fixes(db: Any, pgpoll: Any) -> None:
+    db.execute("CREATE TABLE keyed (id int PRIMARY KEY, v int)")
+    db.execute("CREATE TABLE nokey (v int)")
+    result = pgpoll("publication", "create", "p", "--table", "keyed", "--table", "nokey", "--dsn", db.dsn)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [
+        "error: publication p not created: public.nokey: it has no primary key (REPLICA IDENTITY DEFAULT); "
+        "its UPDATE and DELETE would fail on the source",
+        "  fix: add a primary key to public.nokey, or --replica-identity-full (sets REPLICA IDENTITY FULL on the table), "
+        "or --publish insert,truncate",
+    ]
+    assert pubs(db) == []
+    db.execute("INSERT INTO nokey VALUES (1)")
+    db.execute("UPDATE nokey SET v = 2")  # the source's writes still work
+
+    inserts = pgpoll("publication", "create", "p", "--table", "keyed", "--table", "nokey", "--publish", "insert,truncate",
+                     "--dsn", db.dsn)
+    assert inserts.exit_code == 0, inserts.output
+    assert identity(db, "nokey") == "d"
+    db.execute("UPDATE nokey SET v = 3")
+
+
+def test_replica_identity_full_sets_it_on_the_tables_that_need_it(db: Any, pgpoll: Any) -> None:
+    db.execute("CREATE TABLE keyed (id int PRIMARY KEY, v int)")
+    db.execute('CREATE TABLE "No Key" (v int)')
+    db.execute("CREATE TABLE filtered (id int PRIMARY KEY, v int)")
+    result = pgpoll("publication", "create", "p", "--table", "keyed", "--table", '"No Key"',
+                    "--table", "filtered WHERE (v > 1)", "--replica-identity-full", "--dsn", db.dsn)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == ["created publication p", "set REPLICA IDENTITY FULL on public.No Key",
+                                          "set REPLICA IDENTITY FULL on public.filtered"]
+    assert (identity(db, "keyed"), identity(db, '"No Key"'), identity(db, "filtered")) == ("d", "f", "f")
+    db.execute('INSERT INTO "No Key" VALUES (1); INSERT INTO filtered VALUES (1, 1)')
+    db.execute('UPDATE "No Key" SET v = 2; DELETE FROM filtered')
+
+
+def test_column_list_must_cover_the_key_and_full_does_not_help(db: Any, pgpoll: Any) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v int, w int)")
+    result = pgpoll("publication", "create", "p", "--table", "t (v, w)", "--dsn", db.dsn)
+    assert result.exit_code == 2
+    assert ("error: publication p not created: public.t: the column list (v, w) does not cover the replica identity (id); "
+            "its UPDATE and DELETE would fail on the source") in result.stderr
+    assert "fix: add id to the column list, or --publish insert,truncate" in result.stderr
+    full = pgpoll("publication", "create", "p", "--table", "t (v, w)", "--replica-identity-full", "--dsn", db.dsn)
+    assert full.exit_code == 2
+    assert pubs(db) == [] and identity(db, "t") == "d"  # rolled back together
+    assert pgpoll("publication", "create", "p", "--table", "t (id, v)", "--dsn", db.dsn).exit_code == 0
+
+
+def test_row_filter_outside_the_key_is_refused(db: Any, pgpoll: Any) -> None:
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    result = pgpoll("publication", "create", "p", "--table", "t WHERE (v > 1)", "--publish", "insert,update",
+                    "--dsn", db.dsn)
+    assert result.exit_code == 2
+    assert ("public.t: the row filter uses v, outside the replica identity (REPLICA IDENTITY DEFAULT: id); "
+            "its UPDATE would fail on the source") in result.stderr
+    assert ("fix: filter on replica identity columns only, or --replica-identity-full (sets REPLICA IDENTITY FULL "
+            "on the table), or --publish insert,truncate") in result.stderr
+    assert pubs(db) == []
+
+
+def test_all_tables_is_checked_against_every_existing_table(db: Any, pgpoll: Any) -> None:
+    db.execute("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (v int); CREATE TABLE c (v int)")
+    result = pgpoll("publication", "create", "p", "--all-tables", "--dsn", db.dsn)
+    assert result.exit_code == 2
+    assert "error: publication p not created: public.b: it has no primary key" in result.stderr
+    assert "(and 1 more: public.c)" in result.stderr
+    assert pubs(db) == []

@@ -6,7 +6,8 @@ Each server is a ThrowawayCluster started once for this module and stopped at it
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import psycopg2
 import pytest
@@ -59,7 +60,8 @@ def test_check_with_wal_level_replica_exits_4_naming_the_setting_and_fix(replica
     assert result.exit_code == 4
     assert "wal_level               fail    replica" in result.stdout
     assert "error: 1 check(s) failed, first: wal_level is replica" in result.stderr
-    assert "fix: set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart the server" in result.stderr
+    fix = "fix: set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart the server"
+    assert fix in result.stderr
     assert replica_server.password not in result.output
 
 
@@ -96,7 +98,8 @@ def test_invalidated_slot_exits_4_saying_to_recreate_it(
     result = pgpoll("slot", command[0], slot, *command[1:], "--dsn", server.dsn())
     assert result.exit_code == 4
     assert f'error: replication slot "{slot}" has been invalidated (wal_status lost)' in result.stderr
-    assert f"fix: drop and recreate it (pgpoll slot drop {slot}; pgpoll slot create {slot} --plugin test_decoding)" in result.stderr
+    fix = f"fix: drop and recreate it (pgpoll slot drop {slot}; pgpoll slot create {slot} --plugin test_decoding)"
+    assert fix in result.stderr
 
 
 def test_server_errors_of_an_invalidated_slot_translate_to_slot_invalidated(

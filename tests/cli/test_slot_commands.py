@@ -27,7 +27,7 @@ def slot_row(db: Any, name: str) -> dict[str, Any]:
     )
     assert rows, f"slot {name} does not exist"
     keys = ("plugin", "active", "restart_lsn", "confirmed_flush_lsn", "wal_status", "database")
-    return dict(zip(keys, rows[0]))
+    return dict(zip(keys, rows[0], strict=True))
 
 
 def slot_exists(db: Any, name: str) -> bool:
@@ -294,7 +294,8 @@ def test_peek_busy_slot_exits_3(db: Any, pgpoll: Any, td_slot: str, hold_slot: A
     pid = hold_slot(td_slot)
     result = pgpoll("slot", "peek", td_slot, "--dsn", db.dsn)
     assert result.exit_code == 3
-    assert f'error: slot {td_slot} is in use by another consumer: replication slot "{td_slot}" is active for PID {pid}' in result.stderr
+    message = f'error: slot {td_slot} is in use by another consumer: replication slot "{td_slot}" is active for PID {pid}'
+    assert message in result.stderr
     assert "fix: wait for the other run to finish" in result.stderr
 
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from tests.ingest.conftest import Capture, confirmed_lsn, ingest, make_capture
 
 STATUS_FIELDS = {
     "slot", "plugin", "database", "active", "active_pid", "wal_status", "safe_wal_size", "restart_lsn",
-    "confirmed_flush_lsn", "current_lsn", "lag_bytes", "lag_seconds", "checked_at", "alerts",
+    "confirmed_flush_lsn", "current_lsn", "lag_bytes", "lag_seconds", "lag_basis", "checked_at", "alerts",
 }
 OUTPUT_FIELDS = {
     "output", "output_records", "output_rows", "high_water_mark", "last_commit_ts", "last_committed_at",
@@ -75,6 +76,46 @@ def test_lag_grows_under_load_and_shrinks_after_an_ingest_run(pg_capture: Captur
     assert after["output_rows"] == 4000
     assert after["last_commit_ts"] is not None
     assert 0 <= after["lag_seconds"] < 300
+
+
+def _wait_for_counters(db: Any, table: str, inserts: int) -> None:
+    """Until the server's cumulative statistics show ``inserts`` rows inserted into ``table`` (flushed about once a second)."""
+    deadline = time.monotonic() + 20
+    while db.execute("SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables WHERE relname = %s", (table,))[0][0] < inserts:
+        assert time.monotonic() < deadline, "the statistics never showed the insert"
+        time.sleep(0.2)
+
+
+def test_an_idle_source_that_caught_up_reports_no_lag_and_a_write_reports_its_age(
+    pg_capture: Capture, pgpoll: Any, spark: Any
+) -> None:
+    db, slot = pg_capture.db, pg_capture.slot
+    load(db, 0, 50)
+    _wait_for_counters(db, "items", 50)
+    assert ingest(db.dsn, *pg_capture.args()).exit_code == 0
+
+    time.sleep(1.5)  # idle: the old definition (now - newest commit time) would already report a growing lag
+    code, rows, _ = status_json(pgpoll, db.dsn, "--output", pg_capture.output)
+    idle = only(rows, slot)
+    assert code == 0 and idle["position"] == "in_sync"
+    assert idle["lag_basis"] == "counters" and idle["lag_seconds"] == 0
+    assert idle["lag_bytes"] < 16 * 1024  # the run ended by consuming its own heartbeat
+
+    db.execute("INSERT INTO other VALUES (1, 'not captured')")  # another table: nothing captured is pending
+    _wait_for_counters(db, "other", 1)
+    _, rows, _ = status_json(pgpoll, db.dsn, "--output", pg_capture.output)
+    assert only(rows, slot)["lag_seconds"] == 0
+
+    load(db, 50, 1)
+    _wait_for_counters(db, "items", 51)
+    time.sleep(1.0)
+    _, rows, _ = status_json(pgpoll, db.dsn, "--output", pg_capture.output)
+    pending = only(rows, slot)
+    assert pending["lag_basis"] == "counters" and pending["lag_seconds"] >= 1.0
+
+    assert ingest(db.dsn, *pg_capture.args()).exit_code == 0
+    _, rows, _ = status_json(pgpoll, db.dsn, "--output", pg_capture.output)
+    assert only(rows, slot)["lag_seconds"] == 0
 
 
 def test_json_has_every_field_and_reports_the_active_pid(db: Any, pgpoll: Any, tmp_path: Path, hold_slot: Any) -> None:

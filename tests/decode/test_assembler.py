@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -27,10 +27,10 @@ from pgpoll.changes import (
     Truncate,
 )
 from pgpoll.decode.assembler import TransactionAssembler, change_record_to_json
-from pgpoll.decode.test_decoding import STREAM_CHANGE, TestDecodingDecoder
+from pgpoll.decode.text_decoder import STREAM_CHANGE, TestDecodingDecoder
 from pgpoll.errors import DecodeError
 
-TS = datetime(2026, 11, 22, 1, 53, 54, 95995, tzinfo=timezone.utc)
+TS = datetime(2026, 11, 22, 1, 53, 54, 95995, tzinfo=UTC)
 COLS = (Column("id", "integer"),)
 
 

@@ -13,16 +13,17 @@ from __future__ import annotations
 import json
 import struct
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pytest
 
 from pgpoll import changes as ch
 from pgpoll.decode import pgoutput_messages as m
-from pgpoll.decode.pgoutput import UNCHANGED_TOAST, PgoutputDecoder, parse_message
+from pgpoll.decode.pgoutput_decoder import UNCHANGED_TOAST, PgoutputDecoder, parse_message
 from pgpoll.lsn import Lsn
 
 GOLDEN = Path(__file__).parent / "golden" / "pgoutput"
@@ -209,11 +210,11 @@ def test_golden_invariants(name: str) -> None:
     """What holds for every file: row columns agree with the messages, LSNs pair up."""
     g = load(name)
     relids = g.meta["relids"]
-    begin: Optional[ch.Begin] = None
-    txn_xid: Optional[int] = None  # from Begin or Begin Prepare
-    for row, msg, ev in zip(g.rows, g.messages, g.events):
+    begin: ch.Begin | None = None
+    txn_xid: int | None = None  # from Begin or Begin Prepare
+    for row, msg, ev in zip(g.rows, g.messages, g.events, strict=False):
         lsn = int(Lsn.parse(row["lsn"]))
-        assert getattr(ev, "lsn") == lsn
+        assert ev.lsn == lsn
         if isinstance(msg, m.Relation):
             assert msg.schema == "public" and relids[msg.name] == msg.relation_id
         if isinstance(ev, (ch.Begin, ch.BeginPrepare)):
@@ -229,7 +230,7 @@ def test_golden_invariants(name: str) -> None:
             begin = None
         elif isinstance(ev, ch.RowChange):
             assert ev.schema == "public" and ev.lsn == lsn
-            assert ev.xid == (getattr(msg, "xid") if g.decoder.streaming and txn_xid is None else txn_xid)
+            assert ev.xid == (msg.xid if g.decoder.streaming and txn_xid is None else txn_xid)
             sent = set(ev.after or ev.before or {}) | set(ev.unchanged_toast)
             assert ev.before_is_key or sent == {c.name for c in ev.columns}
         elif isinstance(ev, (ch.StreamStart, ch.StreamCommit, ch.BeginPrepare, ch.Prepare)):
@@ -240,21 +241,21 @@ def test_golden_invariants(name: str) -> None:
             assert ev.rollback_end_lsn == lsn
         for ts in ("commit_ts", "prepare_ts", "rollback_ts", "abort_ts"):
             value = getattr(ev, ts, None)
-            assert value is None or value.tzinfo is timezone.utc
+            assert value is None or value.tzinfo is UTC
 
 
 @pytest.mark.parametrize("name", FILES)
 def test_fast_path_matches_reference_parse(name: str) -> None:
     g = load(name)
     dec = PgoutputDecoder(g.rows[0]["proto_version"], streaming=g.decoder.streaming)
-    for row, msg in zip(g.rows, g.messages):
+    for row, msg in zip(g.rows, g.messages, strict=False):
         data = bytes.fromhex(row["data_hex"])
         fields = dec.decode_row(memoryview(data).cast("c"))
         if fields is None:
             dec.decode(data)
             continue
         assert isinstance(msg, (m.Insert, m.Update, m.Delete))
-        op, rel, _, before, is_key, after = fields
+        _op, rel, _, before, is_key, after = fields
         assert rel.relation_id == msg.relation_id
         if not isinstance(msg, m.Delete):
             assert after == reference_values(msg.new)
@@ -265,7 +266,7 @@ def test_fast_path_matches_reference_parse(name: str) -> None:
 
 def reference_values(tup: m.TupleData) -> list[Any]:
     out: list[Any] = []
-    for kind, raw in zip(tup.kinds, tup.values):
+    for kind, raw in zip(tup.kinds, tup.values, strict=False):
         if kind == "t":
             out.append(raw.decode() if raw is not None else None)
         elif kind == "b":
@@ -308,7 +309,7 @@ def test_golden_origin() -> None:
         begin = g.events[0]
         assert isinstance(begin, ch.Begin)
         # pg_replication_origin_xact_setup's timestamp becomes the commit timestamp.
-        assert begin.commit_ts == datetime(2024, 5, 6, 7, 8, 9, tzinfo=timezone.utc)
+        assert begin.commit_ts == datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
 
 
 def test_golden_twophase_lsns() -> None:
@@ -330,7 +331,7 @@ def replay_streams(events: list[ch.Event]) -> tuple[dict[int, list[ch.RowChange]
     buffered: dict[int, list[ch.RowChange]] = defaultdict(list)
     done: dict[int, list[ch.RowChange]] = {}
     aborts: list[ch.StreamAbort] = []
-    top: Optional[int] = None
+    top: int | None = None
     seen: set[int] = set()
     for ev in events:
         if isinstance(ev, ch.StreamStart):
@@ -352,7 +353,7 @@ def replay_streams(events: list[ch.Event]) -> tuple[dict[int, list[ch.RowChange]
     return done, aborts
 
 
-def rows(prefix: str, first: int, last: int) -> list[dict[str, Optional[str]]]:
+def rows(prefix: str, first: int, last: int) -> list[dict[str, str | None]]:
     return [{"id": str(i), "pad": f"{prefix}{i}"} for i in range(first, last + 1)]
 
 
@@ -364,7 +365,7 @@ def test_golden_streams(name: str) -> None:
     done, aborts = replay_streams(g.events)
     assert [c.after for c in done[x["commit"]]] == rows("c", 1, n)
     assert all(c.xid == x["commit"] for c in done[x["commit"]])
-    assert [c.after for c in done[x["subabort"]]] == rows("s", n + 1, n + n // 2) + [{"id": str(2 * n + 1), "pad": "after"}]
+    assert [c.after for c in done[x["subabort"]]] == [*rows("s", n + 1, n + n // 2), {"id": str(2 * n + 1), "pad": "after"}]
     assert x["abort"] not in done
     sub_abort, top_abort = aborts
     assert sub_abort.xid == x["subabort"] and sub_abort.subxid not in (x["subabort"], 0)

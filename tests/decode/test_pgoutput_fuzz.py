@@ -11,12 +11,12 @@ messages, random bytes -- only ever raises :class:`DecodeError`, never
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import struct
-from functools import lru_cache
+from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,24 +24,27 @@ from hypothesis import strategies as st
 
 from pgpoll import changes as ch
 from pgpoll.decode import pgoutput_messages as m
-from pgpoll.decode.pgoutput import UNCHANGED_TOAST, PgoutputDecoder, parse_message
+from pgpoll.decode.pgoutput_decoder import UNCHANGED_TOAST, PgoutputDecoder, parse_message
 from pgpoll.errors import ConfigError, DecodeError
 
 GOLDEN = Path(__file__).parent / "golden" / "pgoutput"
 FUZZ = settings(derandomize=True, max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-Val = Union[None, str, bytes, tuple[str, bytes], object]
+Val = None | str | bytes | tuple[str, bytes] | object
 
 
 def cstr(s: str) -> bytes:
     return s.encode() + b"\x00"
 
 
-def xid_part(xid: Optional[int]) -> bytes:
+def xid_part(xid: int | None) -> bytes:
     return b"" if xid is None else struct.pack("!I", xid)
 
 
-def relation(relid: int = 16385, ns: str = "public", name: str = "t", cols: Sequence[tuple[str, int, int]] = (("id", 23, 1), ("v", 25, 0)), ident: bytes = b"d", xid: Optional[int] = None) -> bytes:
+def relation(
+    relid: int = 16385, ns: str = "public", name: str = "t",
+    cols: Sequence[tuple[str, int, int]] = (("id", 23, 1), ("v", 25, 0)), ident: bytes = b"d", xid: int | None = None,
+) -> bytes:
     body = b"".join(struct.pack("!B", flags) + cstr(n) + struct.pack("!Ii", oid, -1) for n, oid, flags in cols)
     return b"R" + xid_part(xid) + struct.pack("!I", relid) + cstr(ns) + cstr(name) + ident + struct.pack("!H", len(cols)) + body
 
@@ -63,11 +66,11 @@ def tup(*vals: Val) -> bytes:
     return b"".join(out)
 
 
-def insert(*vals: Val, relid: int = 16385, xid: Optional[int] = None) -> bytes:
+def insert(*vals: Val, relid: int = 16385, xid: int | None = None) -> bytes:
     return b"I" + xid_part(xid) + struct.pack("!I", relid) + b"N" + tup(*vals)
 
 
-def update(new: Sequence[Val], old: Optional[Sequence[Val]] = None, kind: bytes = b"K", relid: int = 16385) -> bytes:
+def update(new: Sequence[Val], old: Sequence[Val] | None = None, kind: bytes = b"K", relid: int = 16385) -> bytes:
     old_part = b"" if old is None else kind + tup(*old)
     return b"U" + struct.pack("!I", relid) + old_part + b"N" + tup(*new)
 
@@ -196,7 +199,7 @@ def test_change_before_its_relation_raises_with_relation_and_lsn() -> None:
 
 
 def test_tuple_width_must_match_the_relation() -> None:
-    with pytest.raises(DecodeError, match="tuple has 3 columns, relation public.t has 2"):
+    with pytest.raises(DecodeError, match=r"tuple has 3 columns, relation public\.t has 2"):
         decoder(relation()).decode(insert("1", "a", "extra"))
 
 
@@ -230,7 +233,7 @@ def test_an_error_leaves_the_decoder_state_unchanged() -> None:
 # ---- fuzzing the golden messages ------------------------------------------------------------
 
 
-@lru_cache(maxsize=None)
+@cache
 def golden(name: str) -> tuple[int, bool, tuple[bytes, ...]]:
     rows = [json.loads(line) for line in (GOLDEN / f"{name}.jsonl").read_text().splitlines()]
     streaming = rows[0]["options"].get("streaming", "off") != "off"
@@ -305,11 +308,11 @@ VALUE = st.one_of(
 )
 
 
-def reference(tup_: Optional[m.TupleData]) -> Optional[list[Any]]:
+def reference(tup_: m.TupleData | None) -> list[Any] | None:
     if tup_ is None:
         return None
     out: list[Any] = []
-    for kind, raw in zip(tup_.kinds, tup_.values):
+    for kind, raw in zip(tup_.kinds, tup_.values, strict=False):
         if kind in "tb" and raw is not None:
             out.append(raw.decode() if kind == "t" else "\\x" + raw.hex())
         else:
@@ -324,7 +327,7 @@ def reference(tup_: Optional[m.TupleData]) -> Optional[list[Any]]:
     op=st.sampled_from("IUD"),
     kind=st.sampled_from([b"K", b"O"]),
 )
-def test_fast_path_agrees_with_reference(new: list[Val], old: Optional[list[Val]], op: str, kind: bytes) -> None:
+def test_fast_path_agrees_with_reference(new: list[Val], old: list[Val] | None, op: str, kind: bytes) -> None:
     width = len(new)
     cols = tuple((f"c{i}", 25, i % 2) for i in range(width))
     dec = decoder(relation(cols=cols))

@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 from psycopg2 import sql
 
 from pgpoll.changes import Commit, Op, RowChange
-from pgpoll.decode.pgoutput import PgoutputDecoder
-from pgpoll.decode.test_decoding import TestDecodingDecoder
+from pgpoll.decode.decoders import make_decoder
 from pgpoll.source.connection import ConnectionTarget, connect
 from pgpoll.source.slots import advance_slot, peek_options, peek_rows
 
@@ -83,14 +82,11 @@ def workloads(draw: Any) -> tuple[list[str], list[str], list[list[Any]], list[in
 
 def _decode_all(conn: Any, slot: str, plugin: str) -> list[Any]:
     options = peek_options(plugin, publications=["allpub"])
-    decoder = PgoutputDecoder(1) if plugin == "pgoutput" else TestDecodingDecoder()
+    decode = make_decoder(plugin, 1)
     events = []
     last_commit = None
     for lsn, xid, data in peek_rows(conn, slot, plugin, options=options, raw_text=True):
-        if plugin == "pgoutput":
-            event = decoder.decode(data, lsn)  # type: ignore[call-arg]
-        else:
-            event = decoder.decode(data.decode(), lsn=lsn, xid=xid)  # type: ignore[call-arg]
+        event = decode(data, lsn, xid)
         if isinstance(event, Commit):
             last_commit = lsn
         events.append(event)
@@ -112,38 +108,40 @@ def test_both_plugins_decode_to_the_text_postgresql_prints(db: Any, workload: An
         db.execute("SELECT 1 FROM pg_create_logical_replication_slot('prop_po', 'pgoutput')")
     table = sql.Identifier("Sch ema", f'T"{next(_counter)}. x')
     cur.execute('CREATE SCHEMA IF NOT EXISTS "Sch ema"')
-    cols = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in zip(names, types))
+    cols = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in zip(names, types, strict=False))
     cur.execute(sql.SQL("CREATE TABLE {} (pgpoll_id int PRIMARY KEY, {})").format(table, cols))
     # the type's output function (format's %s), as both plugins print; booleans as bool::text prints them
     texts = sql.SQL(", ").join(
         sql.SQL("{0}::text" if t == "boolean" else "CASE WHEN {0} IS NULL THEN NULL ELSE format('%s', {0}) END").format(
             sql.Identifier(n)
         )
-        for n, t in zip(names, types)
+        for n, t in zip(names, types, strict=False)
     )
     expected: list[tuple[Op, dict[str, Any]]] = []
     for i, row in enumerate(rows):
-        values = [_literal(t, v) for t, v in zip(types, row)]
+        values = [_literal(t, v) for t, v in zip(types, row, strict=False)]
         # values as literals, not parameters: a name such as "%" must not meet psycopg2's % placeholders
         cur.execute(
             sql.SQL("INSERT INTO {} VALUES ({}, {}) RETURNING {}").format(
                 table, sql.Literal(i),
-                sql.SQL(", ").join(sql.SQL("({})::{}").format(sql.Literal(v), sql.SQL(t)) for v, t in zip(values, types)),
+                sql.SQL(", ").join(
+                    sql.SQL("({})::{}").format(sql.Literal(v), sql.SQL(t)) for v, t in zip(values, types, strict=False)
+                ),
                 texts,
             )
         )
-        expected.append((Op.INSERT, {"pgpoll_id": str(i), **dict(zip(names, cur.fetchone()))}))
+        expected.append((Op.INSERT, {"pgpoll_id": str(i), **dict(zip(names, cur.fetchone(), strict=False))}))
     for i in updates:
         cur.execute(sql.SQL("UPDATE {} SET {} = {} WHERE pgpoll_id = {} RETURNING {}").format(
             table, sql.Identifier(names[0]), sql.Identifier(names[0]), sql.Literal(i), texts))
-        expected.append((Op.UPDATE, {"pgpoll_id": str(i), **dict(zip(names, cur.fetchone()))}))
+        expected.append((Op.UPDATE, {"pgpoll_id": str(i), **dict(zip(names, cur.fetchone(), strict=False))}))
     cur.execute(sql.SQL("DELETE FROM {} WHERE pgpoll_id = 0").format(table))
     expected.append((Op.DELETE, {"pgpoll_id": "0"}))
 
     for slot, plugin in (("prop_td", "test_decoding"), ("prop_po", "pgoutput")):
         got = [e for e in _decode_all(conn, slot, plugin) if e.table == table.strings[1]]
         assert [e.op for e in got] == [op for op, _ in expected], plugin
-        for event, (op, values) in zip(got, expected):
+        for event, (op, values) in zip(got, expected, strict=False):
             assert event.schema == "Sch ema"
             if op is Op.DELETE:
                 assert event.before == values, plugin

@@ -5,7 +5,7 @@ Expected values are written by hand from ``contrib/test_decoding/test_decoding.c
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -26,15 +26,10 @@ from pgpoll.changes import (
     StreamStop,
     Truncate,
 )
-from pgpoll.decode.test_decoding import (
-    STREAM_CHANGE,
-    STREAM_MESSAGE,
-    STREAM_TRUNCATE,
-    TestDecodingDecoder,
-)
+from pgpoll.decode.text_decoder import STREAM_CHANGE, STREAM_MESSAGE, STREAM_TRUNCATE, TestDecodingDecoder
 from pgpoll.errors import DecodeError
 
-UTC = timezone.utc
+UTC = UTC
 
 
 @pytest.fixture()

@@ -13,24 +13,13 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
-from pgpoll.changes import (
-    ChangeRecord,
-    Column,
-    Commit,
-    Event,
-    Op,
-    Prepare,
-    RowChange,
-    StreamAbort,
-    StreamStart,
-    Truncate,
-)
+from pgpoll.changes import ChangeRecord, Column, Commit, Event, Op, Prepare, RowChange, StreamAbort, StreamStart, Truncate
 from pgpoll.decode.assembler import TransactionAssembler
-from pgpoll.decode.test_decoding import TestDecodingDecoder
+from pgpoll.decode.text_decoder import TestDecodingDecoder
 from pgpoll.errors import DecodeError
 from pgpoll.lsn import Lsn
 
@@ -83,10 +72,10 @@ def by_commit(records: list[ChangeRecord]) -> list[list[tuple[Any, ...]]]:
 def check_envelope(rows: list[Row], events: list[Event], meta: dict[str, Any]) -> None:
     """commit_lsn/xid/seq/lsn/commit_ts of every record emitted at a COMMIT row."""
     asm = TransactionAssembler(allow_opaque_streams=True)
-    begin_xid: Optional[int] = None
+    begin_xid: int | None = None
     lo = datetime.fromisoformat(meta["captured_from"]) if "captured_from" in meta else None
     hi = datetime.fromisoformat(meta["captured_to"]) if "captured_to" in meta else None
-    for (lsn, xid, data), ev in zip(rows, events):
+    for (lsn, xid, data), ev in zip(rows, events, strict=False):
         out = asm.feed(ev)
         if data.startswith("BEGIN"):
             begin_xid = xid
@@ -128,7 +117,7 @@ ROW1 = dict(zip(NAMES, [
     "2026-01-02 01:04:05.123456+00", "2026-01-02", "1 day 02:03:04", '{"a": [1, "x y"]}',
     "\\xdeadbeef", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "{1,NULL,3}", '{"a b","c\\"d",NULL}',
     "{x}", "happy", "c'd", '{"a b",c\'d}', "7", "q", "nm",
-]))
+], strict=False))
 ROW2 = dict.fromkeys(NAMES)
 ROW2.update(id="2", f4="1.5e-07", f8="1e+100", n="-Infinity", b="false", vb="", t="", ai="{}")
 ROW4 = dict.fromkeys(NAMES)
@@ -267,7 +256,7 @@ def test_truncate(version: str) -> None:
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("variant", ["twophase", "twophase_noxids"])
 def test_twophase_with_a_pending_prepare(version: str, variant: str) -> None:
-    rows, meta = load(version, variant)
+    rows, _meta = load(version, variant)
     records, asm = assemble(decode(rows))
     # g1 prepared then committed; the GID with a quote and a backslash rolled back;
     # skip_nodecode is filtered at PREPARE by test_decoding, so it comes as a plain commit.
@@ -306,7 +295,7 @@ def test_streaming_prints_no_row_data(version: str, variant: str) -> None:
     assert by_commit(records) == [[ins("big", {"id": "5001", "pad": "small"})]]
     assert asm.open_streams == () and not asm.in_transaction
     check_envelope(rows, events, meta)
-    aborts = [(e.xid, x) for e, (_, x, _) in zip(events, rows) if isinstance(e, StreamAbort)]
+    aborts = [(e.xid, x) for e, (_, x, _) in zip(events, rows, strict=False) if isinstance(e, StreamAbort)]
     starts = {e.xid for e in events if isinstance(e, StreamStart)}
     assert all(e_xid == row_xid for e_xid, row_xid in aborts)
     # The subtransaction abort names an xid that was never streamed on its own. The

@@ -9,13 +9,12 @@ callbacks) so hypothesis can search hostile names and values.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Optional
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgpoll.changes import Column, Commit, LogicalMessage, Op, Prepare, RowChange, Truncate
-from pgpoll.decode.test_decoding import TestDecodingDecoder
+from pgpoll.decode.text_decoder import TestDecodingDecoder
 
 settings.register_profile("pgpoll", database=None, max_examples=200, deadline=None)
 settings.load_profile("pgpoll")
@@ -49,7 +48,7 @@ def print_literal(kind: str, text: str) -> str:
 
 
 # A column: (name, type_name, kind, text) with text None for NULL, "<toast>" for unchanged TOAST.
-Col = tuple[str, str, str, Optional[str]]
+Col = tuple[str, str, str, str | None]
 TOAST = "<toast>"
 
 
@@ -97,7 +96,7 @@ def expected_value(kind: str, text: str) -> str:
 
 # ---- strategies ---------------------------------------------------------------------------
 
-_HOSTILE = list("abcxyz_09 .\"':[],;-$\n\\ÄüЖ中😀") + ["new-tuple:", "old-key:", ", ", ": "]
+_HOSTILE = [*list("abcxyz_09 .\"':[],;-$\n\\ÄüЖ中😀"), "new-tuple:", "old-key:", ", ", ": "]
 identifiers = st.lists(
     st.sampled_from(_HOSTILE) | st.characters(codec="utf-8", exclude_characters="\x00"),
     min_size=1,
@@ -156,7 +155,7 @@ columns = st.lists(
 
 def _expect(
     cols: list[Col], skip_nulls: bool
-) -> tuple[tuple[Column, ...], dict[str, Optional[str]], tuple[str, ...]]:
+) -> tuple[tuple[Column, ...], dict[str, str | None], tuple[str, ...]]:
     shown = [c for c in cols if not (skip_nulls and c[3] is None)]
     after = {
         n: (None if t is None else expected_value(k, t)) for n, _, k, t in shown if t != TOAST

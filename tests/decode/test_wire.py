@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pickle
 import struct
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -126,12 +126,12 @@ def test_expect_end_reports_trailing_bytes() -> None:
 
 
 def test_timestamps_are_utc_microseconds_since_2000() -> None:
-    assert pg_timestamp(0) == datetime(2000, 1, 1, tzinfo=timezone.utc)
-    assert pg_timestamp(-1) == datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc)
+    assert pg_timestamp(0) == datetime(2000, 1, 1, tzinfo=UTC)
+    assert pg_timestamp(-1) == datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
     micros = 817_898_645_123_456
     ts = pg_timestamp(micros)
-    assert ts == datetime(2025, 12, 1, 10, 4, 5, 123456, tzinfo=timezone.utc)
-    assert ts.tzinfo is timezone.utc
+    assert ts == datetime(2025, 12, 1, 10, 4, 5, 123456, tzinfo=UTC)
+    assert ts.tzinfo is UTC
     assert Reader(struct.pack("!q", micros)).read_timestamp() == ts
 
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Iterable
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from pgpoll.changes import Begin, Column, Commit, LogicalMessage, Op, RowChange, Truncate
+from pgpoll.changes import UNCHANGED_TOAST, Begin, Column, Commit, LogicalMessage, Op, RowChange, Truncate
 from pgpoll.decode.assembler import TransactionAssembler
+from pgpoll.decode.decoders import make_decoder
 from pgpoll.ingest.batch_assembler import HEARTBEAT_PREFIX, BatchAssembler
+from tests.decode.test_pgoutput_fuzz import delete, insert, relation, update
 
-TS = datetime(2026, 11, 22, 1, 2, 3, 456789, tzinfo=timezone.utc)
+TS = datetime(2026, 11, 22, 1, 2, 3, 456789, tzinfo=UTC)
 COLS = (Column("id", "integer"), Column("v", "text"))
 
 
@@ -67,12 +70,14 @@ def _key(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 @pytest.mark.parametrize("rows_per_batch", [1, 3, 7, 1000])
 def test_records_equal_the_reference_assembler_whatever_the_batch_size(rows_per_batch: int) -> None:
     events = (
-        _txn(10, [_row(i) for i in range(20)], 5000)
-        + [LogicalMessage(False, "pfx", b"alone", lsn=5100)]
-        + _txn(11, [_row(1, op=Op.UPDATE), _row(2, op=Op.DELETE),
-                    Truncate((("public", "a"), ("public", "b")), lsn=5150),
-                    LogicalMessage(True, "m", b"in txn", lsn=5160)], 5200)
-        + _txn(12, [_row(i) for i in range(30, 45)], 6000)
+        [
+            *_txn(10, [_row(i) for i in range(20)], 5000),
+            LogicalMessage(False, "pfx", b"alone", lsn=5100),
+            *_txn(11, [_row(1, op=Op.UPDATE), _row(2, op=Op.DELETE),
+                       Truncate((("public", "a"), ("public", "b")), lsn=5150),
+                       LogicalMessage(True, "m", b"in txn", lsn=5160)], 5200),
+            *_txn(12, [_row(i) for i in range(30, 45)], 6000),
+        ]
     )
     rows, asm = _run(events, rows_per_batch=rows_per_batch)
     assert _key(rows) == _reference(events)
@@ -117,6 +122,40 @@ def test_heartbeats_and_filtered_tables_write_nothing_but_move_the_advance_point
 
 
 def test_an_unfinished_transaction_at_the_end_of_a_peek_is_not_written() -> None:
-    events = _txn(1, [_row(1)], 100) + [Begin(xid=2, lsn=150), _row(2)]
+    events = [*_txn(1, [_row(1)], 100), Begin(xid=2, lsn=150), _row(2)]
     rows, asm = _run(events, rows_per_batch=1)
     assert [r["commit_lsn"] for r in rows] == [100] and asm.advance_to == 100
+
+
+def test_fast_path_rows_are_written_like_the_same_changes_as_events() -> None:
+    cols = (("a", 23, 1), ("big", 25, 0), ("c", 23, 1))
+    messages = [
+        insert("1", UNCHANGED_TOAST, "3"),
+        update(["1", UNCHANGED_TOAST, "3"], old=["1", None, "2"], kind=b"K"),
+        update(["1", "y", "3"], old=["1", UNCHANGED_TOAST, None], kind=b"O"),
+        update(["4", "z", "5"]),
+        delete(["1", None, "2"], kind=b"K"),
+        insert("9", "skipped", "9", relid=16386),
+    ]
+    outputs = []
+    for fast in (True, False):
+        decode = make_decoder("pgoutput", 1)
+        decode(relation(cols=cols), None, None)
+        decode(relation(relid=16386, name="skip", cols=cols), None, None)
+        asm = BatchAssembler(high_water_mark=None, accepts=lambda s, t: t != "skip", type_names=decode.type_names)
+        asm.begin(5, TS)
+        batches: list[pa.RecordBatch] = []
+        for lsn, data in enumerate(messages, start=100):
+            row = decode.fast_row(data) if fast and decode.fast_row is not None else None
+            if row is not None:
+                batches += asm.row_fields(row, lsn)
+            else:
+                event = decode(data, lsn, None)
+                assert isinstance(event, RowChange)
+                batches += asm.row_change(event, lsn)
+        batches += asm.commit(200, 5, TS)
+        batches += asm.finish()
+        table = pa.Table.from_batches(batches).drop_columns(["schema_id"])
+        outputs.append(table.to_pylist())
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 5
+    assert outputs[0][0]["unchanged_toast"] == ["big"] and dict(outputs[0][1]["before"]) == {"a": "1", "c": "2"}

@@ -8,7 +8,9 @@ from typing import Any
 
 import psycopg2
 
-from tests.ingest.conftest import confirmed_lsn, ingest, make_capture, read_output
+from pgpoll.sink.filesystem import open_output
+from pgpoll.sink.lease import Lease
+from tests.ingest.conftest import confirmed_lsn, ingest, ingest_process, make_capture, read_output
 
 
 def _assert_failed(result: Any, code: int, *phrases: str) -> None:
@@ -46,17 +48,39 @@ def test_missing_publication_exits_4(db: Any, tmp_path: Path) -> None:
     _assert_failed(result, 4, 'publication "nope" does not exist')
 
 
-def test_a_run_while_another_holds_the_lock_exits_3_having_done_nothing(db: Any, tmp_path: Path) -> None:
+def test_pgoutput_without_a_publication_is_a_usage_error_exit_2(db: Any, tmp_path: Path) -> None:
+    cap = make_capture(db, "pgoutput", tmp_path / "out")
+    db.execute("INSERT INTO items VALUES (1, 'a')")
+    before = confirmed_lsn(db, cap.slot)
+    result = ingest(db.dsn, "--slot", cap.slot, "--output", cap.output)
+    _assert_failed(result, 2, "needs a publication", "--publication")
+    assert confirmed_lsn(db, cap.slot) == before
+    assert not (Path(cap.output) / "changes").exists()
+
+
+def test_a_run_while_another_holds_the_outputs_lease_exits_3_having_done_nothing(db: Any, tmp_path: Path) -> None:
     cap = make_capture(db, "test_decoding", tmp_path / "out")
     db.execute("INSERT INTO items VALUES (1, 'a')")
-    holder = db.connect()
-    with holder.cursor() as cur:
-        cur.execute("SELECT pg_advisory_lock(1885892720, hashtext(%s))", (cap.slot,))
+    other = Lease(open_output(cap.output), run="another-run", slot=cap.slot, enabled=True)
+    other.acquire()
     before = confirmed_lsn(db, cap.slot)
     result = ingest(db.dsn, *cap.args())
-    _assert_failed(result, 3, "another pgpoll run holds the lock")
+    _assert_failed(result, 3, "another ingest run (another-run", "holds the output")
     assert confirmed_lsn(db, cap.slot) == before
-    assert not Path(cap.output).exists()
+    assert not (Path(cap.output) / "changes").exists()
+    assert not list((Path(cap.output) / "_pgpoll" / "commits").glob("*.json"))
+
+
+def test_an_expired_lease_of_a_dead_run_does_not_block_the_next_run(db: Any, tmp_path: Path) -> None:
+    cap = make_capture(db, "test_decoding", tmp_path / "out")
+    db.execute("INSERT INTO items VALUES (1, 'a')")
+    dead = Lease(open_output(cap.output), run="killed-run", slot=cap.slot, ttl=-1, enabled=True)
+    dead.acquire()  # as a SIGKILLed run leaves it: never released, already expired
+    result = ingest(db.dsn, *cap.args())
+    assert result.exit_code == 0, result.stderr
+    assert result.summary is not None and result.summary["changes"] == 1
+    assert not (Path(cap.output) / "_pgpoll" / "lease.json").exists()  # released at the end of the run
+
 
 
 def test_output_not_writable_exits_5_and_leaves_the_slot(db: Any, tmp_path: Path) -> None:
@@ -113,3 +137,15 @@ def test_wrong_password_is_not_retried_forever(db: Any, tmp_path: Path) -> None:
     result = ingest(db.dsn.replace(db.server.password, "nope"), *cap.args())
     assert result.exit_code == 4 and "password authentication failed" in result.stderr
     assert result.summary is not None and result.summary["seconds"] < 5
+
+
+def test_an_output_below_a_regular_file_exits_5_before_spark_starts(db: Any, tmp_path: Path) -> None:
+    cap = make_capture(db, "test_decoding", tmp_path / "out")
+    db.execute("INSERT INTO items VALUES (1, 'a')")
+    (tmp_path / "a-file").write_text("not a directory")
+    before = confirmed_lsn(db, cap.slot)
+    result = ingest_process(db.dsn, "--slot", cap.slot, "--output", str(tmp_path / "a-file" / "out"))
+    assert result.exit_code == 5, result.stderr
+    assert "fix:" in result.stderr and "Traceback" not in result.stderr
+    assert "incubator modules" not in result.stderr  # the JVM (printing this first) never started
+    assert confirmed_lsn(db, cap.slot) == before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import datetime
 from pathlib import Path
@@ -59,7 +60,7 @@ def test_each_partition_is_named_by_the_lsn_range_it_holds(capture: Capture, spa
         start, end = row["lsn_range"].split("-")
         assert int(start, 16) <= row["commit_lsn"] <= int(end, 16)
     ranges = [tuple(int(x, 16) for x in p.split("=")[1].split("-")) for p in parts]
-    assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:])), "ranges overlap or are out of order"
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges)), "ranges overlap or are out of order"
 
 
 def test_limits_stop_early_and_the_next_run_continues_without_loss(capture: Capture, spark: Any) -> None:

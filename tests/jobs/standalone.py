@@ -11,6 +11,7 @@ from what spark-submit ships.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pyspark
 
@@ -102,7 +103,7 @@ class StandaloneCluster:
         log.close()
         self.procs.append(proc)
 
-    def start(self, timeout: float = 120) -> "StandaloneCluster":
+    def start(self, timeout: float = 120) -> StandaloneCluster:
         """Start the master, then the worker; return when the master lists the worker as alive."""
         self.conf_dir.mkdir(parents=True, exist_ok=True)
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -117,7 +118,7 @@ class StandaloneCluster:
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for proc, name in zip(self.procs, ("master", "worker")):
+            for proc, name in zip(self.procs, ("master", "worker"), strict=False):
                 if proc.poll() is not None:
                     raise RuntimeError(f"the Spark {name} exited with {proc.returncode}:\n{self.log(name)[-3000:]}")
             state = self.state()
@@ -126,7 +127,7 @@ class StandaloneCluster:
             time.sleep(1)
         raise RuntimeError(f"no worker registered with {self.url} within {timeout}s:\n{self.log('worker')[-3000:]}")
 
-    def state(self) -> Optional[dict[str, Any]]:
+    def state(self) -> dict[str, Any] | None:
         """The master's JSON status (workers, running and completed applications), or None when not up."""
         try:
             with urllib.request.urlopen(f"http://{LOOPBACK}:{self.master_ui_port}/json/", timeout=5) as resp:
@@ -154,7 +155,5 @@ class StandaloneCluster:
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     """Signal the process group this test started (its id is the leader's pid)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass

@@ -25,6 +25,8 @@ import pyarrow.dataset as pads
 import pytest
 
 from pgpoll.lsn import Lsn
+from pgpoll.sink.filesystem import open_output
+from pgpoll.sink.lease import Lease
 from tests.ingest.conftest import REPO, confirmed_lsn, make_capture
 from tests.jobs.standalone import SPARK_HOME, spark_env
 
@@ -38,7 +40,6 @@ pytestmark = [
 
 AIRFLOW_VENV = Path(os.environ.get("PGPOLL_AIRFLOW_VENV", REPO / ".venv-airflow"))
 DAG_FOLDER = REPO / "jobs" / "airflow"
-LOCK_CLASS = 1885892720  # pgpoll.ingest.control.LOCK_CLASS: the run's advisory lock
 
 
 @pytest.fixture
@@ -199,14 +200,13 @@ def test_airflow_dags_test_lands_the_changes_materializes_them_and_a_busy_slot_i
     current = pads.dataset(state_dir / "public.items", format="parquet").to_table()
     assert sorted(current.column("id").to_pylist()) == list(range(6, 201))
 
-    # another run holds the slot's lock: pgpoll exits 3 and the task ends skipped, not failed or retried;
+    # another run holds the output's lease: pgpoll exits 3 and the task ends skipped, not failed or retried;
     # materialize (trigger rule all_success) is skipped with it
-    holder = db.connect()
-    with holder.cursor() as cur:
-        cur.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (LOCK_CLASS, cap.slot))
+    holder = Lease(open_output(config["output"]), run="another-run", slot=cap.slot, enabled=True)
+    holder.acquire()
     db.execute("INSERT INTO items VALUES (1000, 'waits')")
     second = airflow("dags", "test", "pgpoll_ingest", "2024-01-03T00:00:00+00:00", env=env)
-    holder.close()
+    holder.release()
 
     assert second.returncode == 0, (second.stdout + second.stderr)[-5000:]
     states = {r: (state, tries) for r, state, tries in _task_instances(airflow.home)}

@@ -13,8 +13,9 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow.dataset as pads
 import pytest
@@ -59,7 +60,7 @@ def test_make_dist_builds_a_wheel_a_py_files_zip_and_the_entry_script(dist: Path
     import zipfile
 
     names = set(zipfile.ZipFile(dist / "pgpoll.zip").namelist())
-    assert {"pgpoll/__init__.py", "pgpoll/cli/main.py", "pgpoll/ingest/task.py", "pgpoll/decode/pgoutput.py"} <= names
+    assert {"pgpoll/__init__.py", "pgpoll/cli/main.py", "pgpoll/ingest/task.py", "pgpoll/decode/pgoutput_decoder.py"} <= names
 
 
 def test_ingest_job_runs_on_a_standalone_cluster_from_the_dist_zip(

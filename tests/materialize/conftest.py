@@ -18,7 +18,7 @@ def materialize(output: str, *args: str) -> tuple[int, list[dict[str, Any]], str
     if result.exception and not isinstance(result.exception, SystemExit):
         raise result.exception
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    return result.exit_code, lines, result.stderr
+    return result.exit_code, [t for t in lines if "table" in t], result.stderr  # the last line is the run's summary
 
 
 def state_rows(spark: Any, output: str, schema: str, table: str, dest: str | None = None) -> list[dict[str, Any]]:

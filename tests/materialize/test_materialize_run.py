@@ -22,7 +22,8 @@ def _setup(db: Any, plugin: str, identity: str = "") -> tuple[str, list[str]]:
 
 
 def _source(db: Any) -> list[dict[str, Any]]:
-    return [dict(zip(("id", "name", "big", "n"), r)) for r in db.execute("SELECT id, name, big, n FROM t ORDER BY id")]
+    rows = db.execute("SELECT id, name, big, n FROM t ORDER BY id")
+    return [dict(zip(("id", "name", "big", "n"), r, strict=True)) for r in rows]
 
 
 def _state(spark: Any, out: str) -> list[dict[str, Any]]:
@@ -31,7 +32,9 @@ def _state(spark: Any, out: str) -> list[dict[str, Any]]:
 
 def _short(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows with long text shortened to length and ending, for readable assertion messages."""
-    return [{k: (f"<{len(v)} chars ..{v[-3:]}>" if isinstance(v, str) and len(v) > 40 else v) for k, v in r.items()} for r in rows]
+    return [
+        {k: (f"<{len(v)} chars ..{v[-3:]}>" if isinstance(v, str) and len(v) > 40 else v) for k, v in r.items()} for r in rows
+    ]
 
 
 @pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])

@@ -4,22 +4,23 @@ every materialized table equals ``SELECT * FROM`` the source, row for row and va
 Both plugins, every PostgreSQL version of the matrix. The workload covers inserts, updates, deletes,
 key updates, a keyless REPLICA IDENTITY FULL table with duplicate rows, truncates, NULLs, TOASTed
 values over 8 kB updated and not updated (also across key changes), every type of the mapping, and
-an ADD COLUMN mid-stream. Typed values are compared as values (pgpoll.testing.typed_values).
+an ADD COLUMN mid-stream. Typed values are compared as values (pgpoll.testing.value_compare).
 """
 
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from pgpoll.sink.layout import table_dir_name
-from pgpoll.testing.typed_values import comparable_lake, comparable_source
+from pgpoll.testing.value_compare import comparable_lake, comparable_source
+from pgpoll.typed.conversions import Unrepresentable, parse_value
 from pgpoll.typed.schemas import TableSchema
-from pgpoll.typed.values import Unrepresentable, parse_value
 from tests.ingest.conftest import ingest, ingest_process
 from tests.materialize.conftest import materialize
 
@@ -143,7 +144,10 @@ class Workload:
         if kind == "full_ins":  # duplicates on purpose
             return f"INSERT INTO t_full VALUES ({r.randint(1, 3)}, {r.choice(['NULL', chr(39) + 'x' + chr(39)])})"
         if kind == "full_upd":
-            return f"UPDATE t_full SET b = 'u{r.randint(0, 2)}' WHERE ctid = (SELECT ctid FROM t_full WHERE a = {r.randint(1, 3)} LIMIT 1)"
+            return (
+                f"UPDATE t_full SET b = 'u{r.randint(0, 2)}' "
+                f"WHERE ctid = (SELECT ctid FROM t_full WHERE a = {r.randint(1, 3)} LIMIT 1)"
+            )
         if kind == "full_del":
             return f"DELETE FROM t_full WHERE ctid = (SELECT ctid FROM t_full WHERE a = {r.randint(1, 3)} LIMIT 1)"
         if kind == "trunc_ins":
@@ -240,7 +244,7 @@ def _explain(names: list[str], missing: list[tuple[Any, ...]], extra: list[tuple
         if other is None:
             lines.append(f"source row {row[:2]}... has no state row with the same {names[0]}")
             continue
-        diffs = [f"{n}: source {a!r} state {b!r}" for n, a, b in zip(names, row, other) if a != b]
+        diffs = [f"{n}: source {a!r} state {b!r}" for n, a, b in zip(names, row, other, strict=False) if a != b]
         lines.append(f"{names[0]}={row[0][1]!r}: " + "; ".join(diffs))
     return "\n".join(lines)
 

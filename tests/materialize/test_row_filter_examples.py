@@ -20,8 +20,8 @@ and does nothing about its replica identity, since p1's filter
 IDENTITY DEFAULT on ``t1`` too. ``t2``'s filter ``(e = 99)`` of ``p2`` reads
 the non-key ``e``: PostgreSQL would refuse UPDATE and DELETE on ``t2`` while p2
 publishes them, and the documentation's example never modifies ``t2``;
-pgpoll's ``--row-filter`` refuses such a filter at start-up (tested below), so
-the test_decoding replay sets ``t2`` to REPLICA IDENTITY FULL.
+``pgpoll publication create`` and pgpoll's ``--row-filter`` refuse such a filter
+(tested below), so both replays set ``t2`` to REPLICA IDENTITY FULL.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ P1_T1 = "(a > 5 AND c = 'NSW')"  # the documentation's p1: t1 WHERE (a > 5 AND c
 def rows(columns: str, *values: Any) -> list[dict[str, Any]]:
     """Rows as dicts, sorted: ``rows("a b", (1, 2), (3, 4))``; a single column takes bare values."""
     names = columns.split()
-    return _sorted([dict(zip(names, v if isinstance(v, tuple) else (v,))) for v in values])
+    return _sorted([dict(zip(names, v if isinstance(v, tuple) else (v,), strict=True)) for v in values])
 
 
 def _sorted(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -162,7 +162,7 @@ def run_t1_statements(db: Any) -> None:
     for statements, _, _ in DOC_T1_STEPS:
         for statement in statements:
             db.execute(statement)
-    assert _sorted([dict(zip("abc", r)) for r in db.execute("SELECT a, b, c FROM t1")]) == DOC_PUB_T1_FINAL
+    assert _sorted([dict(zip("abc", r, strict=True)) for r in db.execute("SELECT a, b, c FROM t1")]) == DOC_PUB_T1_FINAL
 
 
 def replay_t1_example(db: Any, s1: Consumer) -> None:
@@ -173,7 +173,7 @@ def replay_t1_example(db: Any, s1: Consumer) -> None:
         step = s1.step()
         assert step.tables == {"public.t1": expected}, statements[-1]
         assert step.ops == [("public.t1", op) for op in ops], statements[-1]
-    assert _sorted([dict(zip("abc", r)) for r in db.execute("SELECT a, b, c FROM t1")]) == DOC_PUB_T1_FINAL
+    assert _sorted([dict(zip("abc", r, strict=True)) for r in db.execute("SELECT a, b, c FROM t1")]) == DOC_PUB_T1_FINAL
 
 
 def insert_into_partitions(db: Any) -> None:
@@ -194,6 +194,7 @@ def create_partitioned_tables(db: Any) -> None:
 def test_documented_row_filter_examples_pgoutput(db_any: Any, spark: Any, tmp_path: Path) -> None:
     db = db_any
     create_doc_tables(db)
+    db.execute("ALTER TABLE t2 REPLICA IDENTITY FULL")  # p2's filter reads the non-key e (see the module docstring)
     create_publication(db, "p1", f"public.t1 WHERE {P1_T1}")
     create_publication(db, "p2", "public.t1", "public.t2 WHERE (e = 99)")
     create_publication(db, "p3", "public.t2 WHERE (d = 10)", "public.t3 WHERE (g = 10)")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import pytest
 
 from pgpoll.errors import ConfigError
@@ -18,7 +16,7 @@ TYPES = {
 }
 
 
-def ev(expr: str, **row: Optional[str]) -> Optional[bool]:
+def ev(expr: str, **row: str | None) -> bool | None:
     return compile_filter(parse_row_filter(f"t: {expr}"), TYPES)(row)
 
 
@@ -126,7 +124,7 @@ FILTERS = TableFilters([parse_row_filter("public.t: (id > 10)"), parse_row_filte
 T_TYPES = {"id": "integer", "s": "text", "big": "text"}
 
 
-def tr(op: str, before: Optional[dict[str, Optional[str]]], after: Optional[dict[str, Optional[str]]]) -> object:
+def tr(op: str, before: dict[str, str | None] | None, after: dict[str, str | None] | None) -> object:
     return FILTERS.transform(op, "public", "t", before, after, T_TYPES)
 
 

@@ -1,4 +1,4 @@
-"""DSN resolution, password redaction, pinned session settings and connection failures."""
+"""DSN resolution, password redaction, what a connection sends at start-up, and connection failures."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import psycopg2.extensions
 import pytest
 
 from pgpoll.errors import ConfigError, ConnectionFailedError
-from pgpoll.source.connection import SESSION_SETTINGS, ConnectionTarget, connect, redact, resolve_dsn
+from pgpoll.source.connection import ConnectionTarget, connect, redact, resolve_dsn
 from pgpoll.source.server_errors import is_transient
+from pgpoll.source.session import SESSION_SETTINGS, pinned_transaction
 
 
 @pytest.fixture(autouse=True)
@@ -72,15 +73,24 @@ def test_target_repr_is_redacted() -> None:
     assert target.password() == "topsecret"
 
 
-def test_connect_pins_session_settings(db: Any) -> None:
+def test_connect_sends_no_settings_and_transactions_pin_them(db: Any) -> None:
+    # Nothing through libpq's options (a pooler drops it): the session keeps the database's own
+    # settings, and only a pinned transaction sees pgpoll's; they end with it.
+    db.execute(f"ALTER DATABASE \"{db.name}\" SET TimeZone = 'America/New_York'")
+    db.execute(f"ALTER DATABASE \"{db.name}\" SET extra_float_digits = 3")
     conn = connect(resolve_dsn(db.dsn))
     try:
         with conn.cursor() as cur:
+            cur.execute("SELECT current_setting('TimeZone'), current_setting('extra_float_digits'), "
+                        "current_setting('application_name'), current_setting('client_encoding')")
+            assert cur.fetchone() == ("America/New_York", "3", "pgpoll", "UTF8")
+        with pinned_transaction(conn) as cur:
             for name, value in SESSION_SETTINGS.items():
                 cur.execute("SELECT current_setting(%s)", (name,))
                 assert cur.fetchone()[0] == value, name
-            cur.execute("SELECT current_setting('application_name')")
-            assert cur.fetchone()[0] == "pgpoll"
+        with conn.cursor() as cur:
+            cur.execute("SELECT current_setting('TimeZone'), current_setting('extra_float_digits')")
+            assert cur.fetchone() == ("America/New_York", "3")
         assert conn.autocommit is True
     finally:
         conn.close()
@@ -91,7 +101,7 @@ def test_connect_keeps_the_users_own_options_and_application_name(db: Any) -> No
     dsn = db.dsn + "?application_name=etl&options=-csearch_path%3Dapp"
     conn = connect(resolve_dsn(dsn))
     try:
-        with conn.cursor() as cur:
+        with pinned_transaction(conn) as cur:
             cur.execute("SELECT current_setting('search_path'), current_setting('application_name'), current_setting('TimeZone')")
             assert cur.fetchone() == ("app", "etl", "UTC")
     finally:
@@ -103,7 +113,7 @@ def test_connect_keeps_pgoptions_and_pgappname(db: Any, monkeypatch: pytest.Monk
     monkeypatch.setenv("PGAPPNAME", "from-env")
     conn = connect(resolve_dsn(db.dsn))
     try:
-        with conn.cursor() as cur:
+        with pinned_transaction(conn) as cur:
             cur.execute("SELECT current_setting('work_mem'), current_setting('application_name'), current_setting('DateStyle')")
             assert cur.fetchone() == ("7MB", "from-env", "ISO, MDY")
     finally:

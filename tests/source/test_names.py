@@ -90,7 +90,8 @@ def test_parse_column_list() -> None:
     cols, pos = parse_column_list('(a, "B c", "x""y" ,Ü) WHERE', 0)
     assert cols == ["a", "B c", 'x"y', "Ü"]
     assert pos == len('(a, "B c", "x""y" ,Ü)')
-    for bad, message in [("(a b)", "unexpected 'b'"), ("(a,", "expected a name"), ("(a", "unclosed column list"), ("a)", "expected '('")]:
+    for bad, message in [("(a b)", "unexpected 'b'"), ("(a,", "expected a name"), ("(a", "unclosed column list"),
+                         ("a)", "expected '('")]:
         with pytest.raises(ConfigError) as caught:
             parse_column_list(bad, 0)
         assert message in caught.value.message

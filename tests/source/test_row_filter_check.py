@@ -8,14 +8,14 @@ sequence from both.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from psycopg2 import sql
 
 from pgpoll.changes import RowChange
-from pgpoll.decode.pgoutput import PgoutputDecoder
-from pgpoll.decode.test_decoding import TestDecodingDecoder
+from pgpoll.decode.pgoutput_decoder import PgoutputDecoder
+from pgpoll.decode.text_decoder import TestDecodingDecoder
 from pgpoll.errors import ConfigError
 from pgpoll.rowfilter import TableFilters, parse_row_filter
 from pgpoll.rowfilter.evaluate import compile_filter
@@ -34,11 +34,11 @@ def _check(db: Any, *specs: str) -> dict[tuple[str, str], tuple[str, ...]]:
 
 def test_missing_table_and_column(db: Any) -> None:
     db.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
-    with pytest.raises(ConfigError, match="table public.nope does not exist"):
+    with pytest.raises(ConfigError, match=r"table public\.nope does not exist"):
         _check(db, "nope: (id > 1)")
     with pytest.raises(ConfigError, match="column w does not exist"):
         _check(db, "t: (id > 1 AND w = 2)")
-    with pytest.raises(ConfigError, match="table public.T does not exist"):
+    with pytest.raises(ConfigError, match=r"table public\.T does not exist"):
         _check(db, '"T": (id > 1)')  # quoted: case kept
 
 
@@ -131,7 +131,7 @@ def _changes(conn: Any, slot: str, plugin: str, publications: list[str]) -> list
     return out
 
 
-def _key(values: Optional[Any], key: tuple[str, ...]) -> Optional[dict[str, Optional[str]]]:
+def _key(values: Any | None, key: tuple[str, ...]) -> dict[str, str | None] | None:
     return None if values is None else {k: values.get(k) for k in key}
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import psycopg2.extensions
 import pytest
@@ -139,3 +140,24 @@ def test_drop_slot(db: Any, conn: Any, td: str) -> None:
     assert slots.drop_slot(conn, td, if_exists=True) is False
     with pytest.raises(SlotNotFoundError):
         slots.drop_slot(conn, td)
+
+
+def test_catalog_read_in_the_middle_of_a_peek_joins_its_transaction(db: Any, conn: Any, td: str) -> None:
+    from pgpoll.source.catalog import catalog_table
+
+    gen = slots.peek_rows(conn, td, "test_decoding", options=slots.peek_options("test_decoding"), itersize=1)
+    first = next(gen)
+    described = catalog_table(conn, "public", "t")  # as the ingest task does for a table it meets
+    assert described is not None and described.key == ("id",) and described.identity == "d"
+    rest = list(gen)
+    assert len([first, *rest]) == 6
+    assert conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE and conn.autocommit is True
+
+
+def test_safe_wal_size_shown(db: Any, conn: Any, td: str) -> None:
+    info = slots.get_slot(conn, td)
+    assert info.safe_wal_size is None and info.safe_wal_size_shown == "unlimited"
+    lost = slots.SlotInfo(**{**info.__dict__, "wal_status": "lost"})
+    assert lost.safe_wal_size_shown is None
+    limited = slots.SlotInfo(**{**info.__dict__, "safe_wal_size": 1024})
+    assert limited.safe_wal_size_shown == 1024

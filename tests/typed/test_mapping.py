@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import pyarrow as pa
 import pytest
 
@@ -26,7 +24,7 @@ def _numeric_typmod(p: int, s: int) -> int:
 
 # ---- type_from_name: test_decoding's format_type_be text ----------------------------------
 
-NAMES: list[tuple[str, str, Optional[int], Optional[int]]] = [
+NAMES: list[tuple[str, str, int | None, int | None]] = [
     ("boolean", "bool", None, None),
     ("smallint", "int2", None, None),
     ("integer", "int4", None, None),
@@ -87,14 +85,14 @@ NAMES: list[tuple[str, str, Optional[int], Optional[int]]] = [
 
 
 @pytest.mark.parametrize("name,kind,precision,scale", NAMES)
-def test_type_from_name(name: str, kind: str, precision: Optional[int], scale: Optional[int]) -> None:
+def test_type_from_name(name: str, kind: str, precision: int | None, scale: int | None) -> None:
     t = type_from_name(name)
     assert (t.kind, t.declared, t.precision, t.scale) == (kind, name, precision, scale)
     assert t.element is None
 
 
 @pytest.mark.parametrize("name,kind,precision,scale", [n for n in NAMES if n[0] != "box[]"])
-def test_type_from_name_arrays(name: str, kind: str, precision: Optional[int], scale: Optional[int]) -> None:
+def test_type_from_name_arrays(name: str, kind: str, precision: int | None, scale: int | None) -> None:
     t = type_from_name(name + "[]")
     assert (t.kind, t.declared) == ("array", name + "[]")
     assert t.element == type_from_name(name)

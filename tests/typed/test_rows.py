@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import date
 from decimal import Decimal
-from typing import Any, Optional, Sequence
+from typing import Any, TypeAlias
 
 import pyarrow as pa
 
@@ -89,10 +90,10 @@ def test_the_layout_carries_every_ledger_column_even_ones_the_batch_does_not_hav
 
 # ---- typed_batch --------------------------------------------------------------------------
 
-Image = Optional[Sequence[tuple[str, Optional[str]]]]
+Image: TypeAlias = Sequence[tuple[str, str | None]] | None
 
 
-def _envelope(rows: Sequence[tuple[str, Image, Image, list[str], Optional[str]]]) -> pa.RecordBatch:
+def _envelope(rows: Sequence[tuple[str, Image, Image, list[str], str | None]]) -> pa.RecordBatch:
     """One transaction of ``(op, before, after, unchanged_toast, schema_id)`` rows of public.t."""
     cols = ChangeColumns()
     for i, (op, before, after, toast, sid) in enumerate(rows):

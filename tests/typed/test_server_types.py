@@ -7,14 +7,14 @@ test_decoding: the printed type name) and the texts are converted with
 :func:`to_arrow` and :func:`parse_value`. The oracle is psycopg2's own
 adaptation of ``SELECT <oracle> FROM t WHERE id = ...`` (a different
 expression where psycopg2 cannot adapt the type), compared through
-:mod:`pgpoll.testing.typed_values`. Fallback rows must be exactly the
+:mod:`pgpoll.testing.value_compare`. Fallback rows must be exactly the
 expected ones, null in the array, with the text PostgreSQL prints.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 from psycopg2 import sql
 
 from pgpoll.changes import RowChange
-from pgpoll.decode.pgoutput import PgoutputDecoder
-from pgpoll.decode.test_decoding import TestDecodingDecoder
+from pgpoll.decode.pgoutput_decoder import PgoutputDecoder
+from pgpoll.decode.text_decoder import TestDecodingDecoder
 from pgpoll.source.connection import ConnectionTarget, connect
 from pgpoll.source.slots import create_slot, peek_options, peek_rows
-from pgpoll.testing.typed_values import comparable_lake, comparable_source
+from pgpoll.testing.value_compare import comparable_lake, comparable_source
+from pgpoll.typed.conversions import Unrepresentable, parse_value, to_arrow
 from pgpoll.typed.mapping import PgType, type_from_name, type_from_oid
-from pgpoll.typed.values import Unrepresentable, parse_value, to_arrow
 
 _INTERVAL_PARTS = (
     "ARRAY[(extract(year from v) * 12 + extract(month from v))::bigint, extract(day from v)::bigint,"
@@ -45,7 +45,7 @@ class Case:
     literals: tuple[str, ...]
     kinds: tuple[str, str]  # (pgoutput kind, test_decoding kind)
     fallbacks: frozenset[int] = frozenset()  # literal indexes, pgoutput
-    td_fallbacks: Optional[frozenset[int]] = None  # test_decoding (None: same as pgoutput)
+    td_fallbacks: frozenset[int] | None = None  # test_decoding (None: same as pgoutput)
     oracle: str = "v"
     declared: tuple[str, str] = ("", "")  # expected `declared`, when given
 
@@ -281,7 +281,7 @@ _CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"
     texts=st.lists(st.one_of(st.none(), st.text(_CHARS, max_size=8)), max_size=5),
 )
 def test_random_intervals_and_text_arrays(
-    db: Any, months: int, days: int, micros: int, texts: list[Optional[str]]
+    db: Any, months: int, days: int, micros: int, texts: list[str | None]
 ) -> None:
     """The output function's text (what both plugins send) parses back to what PostgreSQL stored."""
     conn = connect(ConnectionTarget(db.dsn, "test"))
@@ -294,7 +294,7 @@ def test_random_intervals_and_text_arrays(
             (months, days, micros),
         )
         text, parts = cur.fetchone()
-        assert parse_value(type_from_name("interval"), text) == dict(zip(("months", "days", "microseconds"), parts))
+        assert parse_value(type_from_name("interval"), text) == dict(zip(("months", "days", "microseconds"), parts, strict=True))
         cur.execute("SELECT %s::text[]::text", (texts,))
         literal = cur.fetchone()[0]
         assert parse_value(type_from_name("text[]"), literal) == texts

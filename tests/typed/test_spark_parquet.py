@@ -8,9 +8,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pgpoll.testing.typed_values import comparable_lake
+from pgpoll.testing.value_compare import comparable_lake
+from pgpoll.typed.conversions import to_arrow
 from pgpoll.typed.mapping import spark_ddl, type_from_name
-from pgpoll.typed.values import to_arrow
 
 # (type name, value texts): one column per Arrow type the mapping produces
 COLUMNS: list[tuple[str, list[Any]]] = [

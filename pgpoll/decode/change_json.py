@@ -7,8 +7,9 @@ Used by :mod:`pgpoll.decode.assembler` (which re-exports
 from __future__ import annotations
 
 import base64
-from datetime import datetime, timezone
-from typing import Any, Iterable, Iterator, Optional, Union
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
 
 from pgpoll.changes import ChangeRecord, LogicalMessage, Op, RowChange, Truncate
 from pgpoll.lsn import Lsn
@@ -16,14 +17,14 @@ from pgpoll.lsn import Lsn
 __all__ = ["Change", "change_record_to_json", "iter_records", "records_for"]
 
 #: An event that becomes one or more records.
-Change = Union[RowChange, Truncate, LogicalMessage]
+Change = RowChange | Truncate | LogicalMessage
 
 
 def records_for(
     changes: Iterable[Change],
-    commit_lsn: Optional[int],
-    xid: Optional[int],
-    commit_ts: Optional[datetime],
+    commit_lsn: int | None,
+    xid: int | None,
+    commit_ts: datetime | None,
 ) -> list[ChangeRecord]:
     """Envelopes for ``changes`` in order, numbered from seq 0."""
     return list(iter_records(changes, commit_lsn, xid, commit_ts))
@@ -31,9 +32,9 @@ def records_for(
 
 def iter_records(
     changes: Iterable[Change],
-    commit_lsn: Optional[int],
-    xid: Optional[int],
-    commit_ts: Optional[datetime],
+    commit_lsn: int | None,
+    xid: int | None,
+    commit_ts: datetime | None,
 ) -> Iterator[ChangeRecord]:
     """Like :func:`records_for`, one record at a time (for transactions too large to hold)."""
     seq = 0
@@ -80,7 +81,7 @@ def iter_records(
             seq += 1
 
 
-def _lsn_json(value: Optional[int]) -> Optional[str]:
+def _lsn_json(value: int | None) -> str | None:
     return None if value is None else str(Lsn(value))
 
 
@@ -94,8 +95,8 @@ def change_record_to_json(record: ChangeRecord) -> dict[str, Any]:
     """
     ts = record.commit_ts
     if ts is not None:
-        ts_text: Optional[str] = (
-            (ts if ts.tzinfo is None else ts.astimezone(timezone.utc)).strftime(
+        ts_text: str | None = (
+            (ts if ts.tzinfo is None else ts.astimezone(UTC)).strftime(
                 "%Y-%m-%dT%H:%M:%S.%f"
             )
             + "Z"

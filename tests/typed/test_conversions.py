@@ -1,20 +1,20 @@
-"""pgpoll.typed.values: value text to typed values and Arrow arrays, without a database."""
+"""pgpoll.typed.conversions: value text to typed values and Arrow arrays, without a database."""
 
 from __future__ import annotations
 
 import math
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Any, Optional
+from typing import Any
 
 import pyarrow as pa
 import pytest
 
+from pgpoll.typed.conversions import Unrepresentable, parse_array, parse_interval, parse_value, to_arrow
 from pgpoll.typed.mapping import INTERVAL_STRUCT, PgType, type_from_name
-from pgpoll.typed.values import Unrepresentable, parse_array, parse_interval, parse_value, to_arrow
 
 T = type_from_name
-UTC = timezone.utc
+UTC = UTC
 
 VALUES: list[tuple[str, str, Any]] = [
     ("boolean", "true", True),
@@ -167,7 +167,7 @@ INTERVALS: list[tuple[str, tuple[int, int, int]]] = [
 
 @pytest.mark.parametrize("text,parts", INTERVALS)
 def test_parse_interval(text: str, parts: tuple[int, int, int]) -> None:
-    assert parse_interval(text) == dict(zip(("months", "days", "microseconds"), parts))
+    assert parse_interval(text) == dict(zip(("months", "days", "microseconds"), parts, strict=True))
     array, fallbacks = to_arrow(T("interval"), [text])
     assert fallbacks == [] and array.type == INTERVAL_STRUCT
     assert array.to_pylist() == [parse_interval(text)]
@@ -175,7 +175,7 @@ def test_parse_interval(text: str, parts: tuple[int, int, int]) -> None:
 
 # ---- array literals ---------------------------------------------------------------------------
 
-ARRAYS: list[tuple[str, list[Optional[str]]]] = [
+ARRAYS: list[tuple[str, list[str | None]]] = [
     ("{}", []),
     ("{a}", ["a"]),
     ("{NULL}", [None]),
@@ -199,7 +199,7 @@ ARRAYS: list[tuple[str, list[Optional[str]]]] = [
 
 
 @pytest.mark.parametrize("text,elements", ARRAYS)
-def test_parse_array(text: str, elements: list[Optional[str]]) -> None:
+def test_parse_array(text: str, elements: list[str | None]) -> None:
     assert parse_array(text) == elements
 
 

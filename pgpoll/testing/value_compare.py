@@ -31,14 +31,14 @@ import math
 import re
 import struct
 from dataclasses import dataclass
-from datetime import datetime, time, timedelta, timezone
+from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
-from typing import Any, Optional
+from typing import Any
 
+from pgpoll.typed.conversions import Unrepresentable, parse_array, parse_interval, parse_value
 from pgpoll.typed.mapping import PgType
-from pgpoll.typed.values import Unrepresentable, parse_array, parse_interval, parse_value
 
-__all__ = ["FloatValue", "IntervalValue", "comparable_source", "comparable_lake"]
+__all__ = ["FloatValue", "IntervalValue", "comparable_lake", "comparable_source"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class IntervalValue:
     approximate: bool = False
 
     @staticmethod
-    def from_timedelta(value: timedelta) -> "IntervalValue":
+    def from_timedelta(value: timedelta) -> IntervalValue:
         return IntervalValue(0, value.days, value.seconds * 1_000_000 + value.microseconds, True)
 
     def as_timedelta(self) -> timedelta:
@@ -134,7 +134,7 @@ def _timestamptz(value: Any) -> Any:
     if isinstance(value, str):
         return _parsed_or_text(PgType("timestamptz", "timestamp with time zone"), value)
     if isinstance(value, datetime):
-        return value.astimezone(timezone.utc)  # a naive datetime is local time (PySpark's reading)
+        return value.astimezone(UTC)  # a naive datetime is local time (PySpark's reading)
     return value
 
 
@@ -198,6 +198,6 @@ def comparable_source(value: Any, t: PgType) -> Any:
     return _comparable(value, t, False)
 
 
-def comparable_lake(value: Any, t: PgType) -> Optional[Any]:
+def comparable_lake(value: Any, t: PgType) -> Any | None:
     """A value read back from Parquet (Spark or pyarrow), as a comparable Python object."""
     return _comparable(value, t, True)

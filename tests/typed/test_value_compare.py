@@ -1,20 +1,20 @@
-"""pgpoll.testing.typed_values: source and lake values made comparable."""
+"""pgpoll.testing.value_compare: source and lake values made comparable."""
 
 from __future__ import annotations
 
 import math
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
 
 import pyarrow as pa
 from pyspark.sql import Row
 
-from pgpoll.testing.typed_values import FloatValue, IntervalValue, comparable_lake, comparable_source
+from pgpoll.testing.value_compare import FloatValue, IntervalValue, comparable_lake, comparable_source
+from pgpoll.typed.conversions import to_arrow
 from pgpoll.typed.mapping import type_from_name
-from pgpoll.typed.values import to_arrow
 
 T = type_from_name
-UTC = timezone.utc
+UTC = UTC
 
 
 def test_float_nan_and_float32() -> None:

@@ -27,13 +27,9 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta, timezone
-from typing import Optional
 
 from pgpoll.changes import Column
 from pgpoll.errors import DecodeError
-
-#: Marker value meaning "unchanged TOAST datum, not sent".
-UNCHANGED_TOAST = "unchanged-toast-datum"
 
 # One part of a qualified name: bare, or double-quoted with "" inside.
 _IDENT = r'(?:([^\s".:,\[\]]+)|"((?:[^"]|"")*)")'
@@ -56,12 +52,11 @@ _TIMESTAMP_RE = re.compile(
     r"([0-9]{4,})-([0-9][0-9])-([0-9][0-9]) ([0-9][0-9]):([0-9][0-9]):([0-9][0-9])(?:\.([0-9]{1,6}))?"
     r"([+-])([0-9][0-9])(?::([0-9][0-9]))?(?::([0-9][0-9]))?\Z"
 )
-_NEW_TUPLE = " new-tuple:"
 
 _TZ_CACHE: dict[str, timezone] = {}
 
 
-def fail(message: str, offset: int, message_type: Optional[str] = None) -> DecodeError:
+def fail(message: str, offset: int, message_type: str | None = None) -> DecodeError:
     """Build the :class:`DecodeError` for a failure at character ``offset``."""
     return DecodeError(
         f"test_decoding: {message} at character {offset}",
@@ -137,7 +132,7 @@ def _name(raw: str) -> str:
 class _Template:
     """A regex specialised to one relation's column list (names and types fixed)."""
 
-    __slots__ = ("regex", "columns", "names")
+    __slots__ = ("columns", "names", "regex")
 
     def __init__(self, raw: list[tuple[str, str]], columns: tuple[Column, ...]) -> None:
         self.regex = re.compile(
@@ -148,7 +143,7 @@ class _Template:
         self.names = tuple(c.name for c in columns)
 
 
-Values = dict[str, Optional[str]]
+Values = dict[str, str | None]
 Parsed = tuple[tuple[Column, ...], Values, tuple[str, ...]]
 
 
@@ -178,7 +173,7 @@ class TupleParser:
                 # the value rules of _convert, inlined: this is the per-line hot path
                 values: Values = {}
                 toast: list[str] = []
-                for name, raw in zip(template.names, m.groups()):
+                for name, raw in zip(template.names, m.groups()):  # noqa: B905 -- equal by construction; a keyword costs on this hot path
                     c = raw[0]
                     if c == "'":
                         raw = raw[1:-1]
@@ -235,7 +230,7 @@ class TupleParser:
             columns.append(col)
             covered += len(raw_name) + len(type_name) + len(raw) + 4
             c = raw[0]
-            value: Optional[str] = raw
+            value: str | None = raw
             if c == "'":
                 value = raw[1:-1]
                 if "''" in value:

@@ -19,18 +19,19 @@ elements).
 from __future__ import annotations
 
 import re
-from datetime import date, datetime, timedelta, timezone
+from collections.abc import Callable, Sequence
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import pyarrow as pa
 
 from pgpoll.typed.mapping import PgType, arrow_type, decimal_shape
 
-__all__ = ["Unrepresentable", "parse_value", "to_arrow", "parse_array", "parse_interval"]
+__all__ = ["Unrepresentable", "parse_array", "parse_interval", "parse_value", "to_arrow"]
 
 
-class Unrepresentable(ValueError):
+class Unrepresentable(ValueError):  # noqa: N818 -- a signal to keep the text, not a failure
     """The typed type cannot hold this value; keep its exact text instead."""
 
 
@@ -81,9 +82,9 @@ def _decimal_parser(t: PgType) -> Callable[[str], Any]:
             raise Unrepresentable(f"not a numeric: {text!r}") from None
         if not value.is_finite():
             raise Unrepresentable(f"decimal({precision},{scale}) cannot hold {text}")
-        sign, digits, exponent = value.as_tuple()
+        _sign, digits, exponent = value.as_tuple()
         assert isinstance(exponent, int)
-        if -exponent > scale or len(digits) + exponent + scale > precision and value != 0:
+        if -exponent > scale or (len(digits) + exponent + scale > precision and value != 0):
             raise Unrepresentable(f"decimal({precision},{scale}) cannot hold {text}")
         return value
 
@@ -139,7 +140,7 @@ def _timestamptz(text: str) -> datetime:
     if m.group(8) == "-":
         offset = -offset
     try:
-        return (_naive(m) - offset).replace(tzinfo=timezone.utc)
+        return (_naive(m) - offset).replace(tzinfo=UTC)
     except OverflowError:
         raise Unrepresentable(f"timestamptz outside 0001..9999 in UTC: {text!r}") from None
 
@@ -204,7 +205,7 @@ def _interval(text: str) -> dict[str, int]:
 _ARRAY_SPACE = " \t\n\r\v\f"
 
 
-def parse_array(text: str, delimiter: str = ",") -> list[Optional[str]]:
+def parse_array(text: str, delimiter: str = ",") -> list[str | None]:
     """A one-dimensional array literal (``array_out`` text) -> element texts, ``None`` for NULL.
 
     Reads what ``array_in`` reads: ``"..."`` quoting with backslash escapes,
@@ -220,7 +221,7 @@ def parse_array(text: str, delimiter: str = ",") -> list[Optional[str]]:
     if pos >= n or text[pos] != "{":
         raise Unrepresentable(f"not a one-dimensional array with default bounds: {text[:40]!r}")
     pos += 1
-    out: list[Optional[str]] = []
+    out: list[str | None] = []
     expect_element = True
     while True:
         while pos < n and text[pos] in _ARRAY_SPACE:
@@ -325,7 +326,7 @@ def parse_value(t: PgType, text: str) -> Any:
     return _parser(t)(text)
 
 
-def to_arrow(t: PgType, texts: Sequence[Optional[str]]) -> tuple[pa.Array, list[int]]:
+def to_arrow(t: PgType, texts: Sequence[str | None]) -> tuple[pa.Array[Any], list[int]]:
     """A column of value texts -> (the typed Arrow array, the fallback row indexes).
 
     ``None`` is null (not a fallback). A text the typed type cannot hold is

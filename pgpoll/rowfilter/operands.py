@@ -82,7 +82,8 @@ def _datetime_key(family: str, text: str) -> int:
     if m.group(m.lastindex or 0) == " BC" or text.rstrip().endswith(" BC"):
         year = 1 - year
     leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
-    if not (1 <= month <= 12 and 1 <= day <= (29 if month == 2 and leap else (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)[month - 1])):
+    month_days = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+    if not (1 <= month <= 12 and 1 <= day <= (29 if month == 2 and leap else month_days[month - 1])):
         raise ValueError("date out of range")
     days = _days(year, month, day)
     if family == "date":
@@ -124,8 +125,8 @@ def key(family: str, type_name: str, text: str, literal: bool) -> Any:
             raise ValueError("not a number")
         if family == "numeric":
             return num_key(Decimal(special or text.strip()))
-        value = float(special or text)
-        return num_key(_f32(value) if family == "float4" else value)
+        number = float(special or text)
+        return num_key(_f32(number) if family == "float4" else number)
     if family == "bool":
         return _parse_bool(text) if literal else text in ("true", "t")
     if family == "bpchar":

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Optional
 
 from pgpoll.changes import (
     Begin,
@@ -72,14 +71,7 @@ from pgpoll.changes import (
     StreamStop,
     Truncate,
 )
-from pgpoll.decode.test_decoding_values import (
-    TupleParser,
-    Values,
-    fail,
-    parse_timestamp,
-    scan_gid,
-    scan_qualified_name,
-)
+from pgpoll.decode.text_values import TupleParser, Values, fail, parse_timestamp, scan_gid, scan_qualified_name
 from pgpoll.errors import DecodeError
 from pgpoll.lsn import Lsn
 
@@ -134,7 +126,7 @@ _MESSAGE_HEAD = "message: transactional: "
 _STREAM_MESSAGE_HEAD = "streaming message: transactional: "
 
 
-def _xid(text: Optional[str], fallback: Optional[int], offset: int) -> Optional[int]:
+def _xid(text: str | None, fallback: int | None, offset: int) -> int | None:
     if text is None:
         return fallback
     value = int(text)
@@ -143,7 +135,7 @@ def _xid(text: Optional[str], fallback: Optional[int], offset: int) -> Optional[
     return value
 
 
-def _lsn_text(lsn: object) -> Optional[str]:
+def _lsn_text(lsn: object) -> str | None:
     if isinstance(lsn, int) and 0 <= lsn < 1 << 64:
         return str(Lsn(lsn))
     return None
@@ -166,14 +158,14 @@ class TestDecodingDecoder:
     """
 
     __test__ = False  # not a pytest test class, despite the name
-    __slots__ = ("_tuples", "_relations")
+    __slots__ = ("_relations", "_tuples")
 
     def __init__(self) -> None:
         self._tuples = TupleParser()
         # "table s.t: " -> (schema, table), for names without ": " inside quotes
         self._relations: dict[str, tuple[str, str]] = {}
 
-    def decode(self, line: str, lsn: Optional[int] = None, xid: Optional[int] = None) -> Event:
+    def decode(self, line: str, lsn: int | None = None, xid: int | None = None) -> Event:
         """Decode one output line.
 
         Parameters
@@ -209,7 +201,7 @@ class TestDecodingDecoder:
 
     # ---- dispatch --------------------------------------------------------------
 
-    def _framing(self, line: str, lsn: Optional[int], xid: Optional[int]) -> Event:
+    def _framing(self, line: str, lsn: int | None, xid: int | None) -> Event:
         if line.startswith("BEGIN"):
             m = _BEGIN_RE.match(line)
             if m is None:
@@ -238,7 +230,7 @@ class TestDecodingDecoder:
 
     # ---- row changes and truncate ---------------------------------------------
 
-    def _table(self, line: str, lsn: Optional[int], xid: Optional[int]) -> Event:
+    def _table(self, line: str, lsn: int | None, xid: int | None) -> Event:
         # Fast path: the text up to the first ": " names a relation seen before.
         k = line.find(": ", 6)
         if k > 0:
@@ -282,7 +274,7 @@ class TestDecodingDecoder:
         )
 
     def _insert(
-        self, line: str, pos: int, schema: str, table: str, lsn: Optional[int], xid: Optional[int]
+        self, line: str, pos: int, schema: str, table: str, lsn: int | None, xid: int | None
     ) -> RowChange:
         if pos + 16 == len(line) and line.endswith(_NO_TUPLE):
             return RowChange(Op.INSERT, schema, table, (), None, None, xid=xid, lsn=lsn)
@@ -290,10 +282,10 @@ class TestDecodingDecoder:
         return RowChange(Op.INSERT, schema, table, columns, None, after, toast, xid=xid, lsn=lsn)
 
     def _update(
-        self, line: str, pos: int, schema: str, table: str, lsn: Optional[int], xid: Optional[int]
+        self, line: str, pos: int, schema: str, table: str, lsn: int | None, xid: int | None
     ) -> RowChange:
         key = line[:pos]
-        before: Optional[Values] = None
+        before: Values | None = None
         old_columns: tuple[Column, ...] = ()
         if line.startswith(" old-key:", pos):
             end = self._tuples.columns_end(line, pos + 9)
@@ -309,7 +301,7 @@ class TestDecodingDecoder:
         return RowChange(Op.UPDATE, schema, table, columns, before, after, toast, xid=xid, lsn=lsn)
 
     def _delete(
-        self, line: str, pos: int, schema: str, table: str, lsn: Optional[int], xid: Optional[int]
+        self, line: str, pos: int, schema: str, table: str, lsn: int | None, xid: int | None
     ) -> RowChange:
         if pos + 16 == len(line) and line.endswith(_NO_TUPLE):
             return RowChange(Op.DELETE, schema, table, (), None, None, xid=xid, lsn=lsn)
@@ -319,7 +311,7 @@ class TestDecodingDecoder:
     # ---- messages -----------------------------------------------------------------
 
     def _message(
-        self, line: str, pos: int, lsn: Optional[int], xid: Optional[int]
+        self, line: str, pos: int, lsn: int | None, xid: int | None
     ) -> LogicalMessage:
         transactional, prefix_start = self._message_head(line, pos)
         search = prefix_start
@@ -351,8 +343,8 @@ class TestDecodingDecoder:
 
     @staticmethod
     def _gid_line(
-        line: str, pos: int, xid: Optional[int], kind: str
-    ) -> tuple[str, Optional[int], Optional[datetime]]:
+        line: str, pos: int, xid: int | None, kind: str
+    ) -> tuple[str, int | None, datetime | None]:
         gid, pos = scan_gid(line, pos)
         m = _GID_TAIL_RE.match(line, pos)
         if m is None:
@@ -362,7 +354,7 @@ class TestDecodingDecoder:
 
     # ---- streaming lines --------------------------------------------------------
 
-    def _streaming(self, line: str, lsn: Optional[int], xid: Optional[int]) -> Event:
+    def _streaming(self, line: str, lsn: int | None, xid: int | None) -> Event:
         for head, regex in _STREAM_RES.items():
             if line.startswith(head):
                 m = regex.match(line)

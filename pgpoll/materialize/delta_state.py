@@ -1,0 +1,197 @@
+"""``pgpoll materialize --format delta``: each table's current state as its own Delta table.
+
+The state is computed exactly as for ``--format parquet``
+(:class:`pgpoll.materialize.run.Materializer`); only where it is read from
+and how it is published differ:
+
+* the previous state is the files of the table version this run read (and
+  pinned), the commit-log position it reflects is the version of pgpoll's
+  application transaction in that version, and its schema id is in pgpoll's
+  object of the commit's ``commitInfo``;
+* Spark writes the new state's Parquet files into the table's directory
+  (``DEST/<schema>.<table>/pgpoll-<run>/``), pgpoll takes per-file statistics
+  (record count; min, max and null count of the key columns when they are
+  integers, strings or dates) from one pass over them, and delta-rs commits
+  them as one version that replaces the pinned one's files
+  (:mod:`pgpoll.materialize.delta_table`).
+
+Files of a run that died before its commit are in no version: readers never
+see them, and ``DeltaTable.vacuum()`` removes them with the files that older
+versions no longer need. A run whose commit loses to another writer removes
+its own files and fails (exit 5).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from pgpoll.errors import ConfigError, SinkError
+from pgpoll.lsn import Lsn
+from pgpoll.materialize.delta_table import DataFile, DeltaStateTable, PinnedVersion, app_id, delta_uri, footer_files
+from pgpoll.materialize.run import STATE_FILE, MaterializeOptions, Materializer, TableState
+from pgpoll.sink import layout
+from pgpoll.sink.commit_log import CommitRecord
+from pgpoll.sink.filesystem import local_path
+from pgpoll.typed.rows import quote
+
+log = logging.getLogger("pgpoll.materialize")
+RUN_DIR_PREFIX = "pgpoll-"
+
+
+def nullable(data_type: Any) -> Any:
+    """``data_type`` with every field, element and value nullable (the Delta schema pgpoll declares)."""
+    from pyspark.sql.types import ArrayType, MapType, StructField, StructType
+
+    if isinstance(data_type, StructType):
+        return StructType([StructField(f.name, nullable(f.dataType), True, f.metadata) for f in data_type.fields])
+    if isinstance(data_type, ArrayType):
+        return ArrayType(nullable(data_type.elementType), True)
+    if isinstance(data_type, MapType):
+        return MapType(nullable(data_type.keyType), nullable(data_type.valueType), True)
+    return data_type
+
+
+def arrow_schema(spark_schema: Any) -> Any:
+    """The Arrow schema of a state frame, as the Delta schema is made from (timestamps in UTC, microseconds)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(nullable(spark_schema), timezone="UTC")
+
+
+def _stat_columns(spark_schema: Any, key: list[str]) -> list[str]:
+    """The key columns whose min and max Delta readers compare like Spark does (integers, strings, dates)."""
+    from pyspark.sql.types import ByteType, DateType, IntegerType, LongType, ShortType, StringType
+
+    kinds = (ByteType, ShortType, IntegerType, LongType, StringType, DateType)
+    types = {f.name: f.dataType for f in spark_schema.fields}
+    return [k for k in key if isinstance(types.get(k), kinds)]
+
+
+class DeltaMaterializer(Materializer):
+    """Materializes the typed tables of one output path as Delta tables (see the module docstring)."""
+
+    def __init__(self, spark: Any, opts: MaterializeOptions) -> None:
+        super().__init__(spark, opts)
+        self.run_id = uuid.uuid4().hex[:12]
+        self.app = app_id(self.dest.root)
+        self._pins: dict[str, PinnedVersion] = {}
+        self._versions: dict[str, int | None] = {}
+
+    def delta_table(self, name: str) -> DeltaStateTable:
+        """The Delta log of the table directory ``name`` under DEST."""
+        return DeltaStateTable(delta_uri(self.dest.path(name)), self.app)
+
+    def _table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
+        state = super()._table(name, parsed, records)
+        state.format = "delta"
+        state.version = self._versions.get(name)
+        return state
+
+    def _read_marker(self, name: str) -> dict[str, Any] | None:
+        target = self.dest.path(name)
+        if self.dest.exists(self.dest.path(name, STATE_FILE)):
+            raise ConfigError(f"{target} holds a Parquet state (written with --format parquet)",
+                              "materialize with --format parquet, or into another --to DEST")
+        pinned = self.delta_table(name).pin()
+        self._pins[name] = pinned
+        self._versions[name] = pinned.version
+        if pinned.version is None:
+            return None
+        if not pinned.readable:
+            raise SinkError(
+                f"{pinned.uri}: version {pinned.version} needs reader features pgpoll does not read "
+                f"({', '.join(sorted(pinned.reader_features))})",
+                "materialize into another --to DEST (pgpoll reads its own tables' files directly)",
+            )
+        meta = pinned.meta or {}
+        if self.opts.full or pinned.applied is None or not pinned.files or not isinstance(meta.get("schema_id"), str):
+            return None  # a full rebuild, committed over the pinned version
+        return {"position": str(Lsn(pinned.applied)), "rows": int(meta.get("rows", 0)), "schema_id": meta["schema_id"]}
+
+    def _read_previous(self, name: str) -> Any:
+        paths = [f if "://" in f or f.startswith("/") else self.dest.path(name, f) for f in self._pins[name].files]
+        return self.spark.read.option("mergeSchema", "true").parquet(*paths)
+
+    def _write(self, name: str, frame: Any, marker: dict[str, Any], key: list[str]) -> int:
+        pinned = self._pins[name]
+        run_dir = f"{RUN_DIR_PREFIX}{self.run_id}"
+        where = self.dest.path(name, run_dir)
+        frame.write.parquet(where)
+        try:
+            files = self._data_files(where, run_dir, _stat_columns(frame.schema, key))
+            rows = sum(f.records for f in files)
+            meta = {**marker, "rows": rows, "run": self.run_id, "output": self.fs.root}
+            version = self.delta_table(name).commit(pinned, files, arrow_schema(frame.schema),
+                                                    int(Lsn.parse(marker["position"])), meta, force=self.opts.full)
+        except BaseException:
+            self._discard(name, where, run_dir)
+            raise
+        if version is None:
+            log.info("%s: position %s was already applied; nothing committed", name, marker["position"])
+            self.dest.delete(where)
+            return int((pinned.meta or {}).get("rows", rows))
+        self._versions[name] = version
+        return rows
+
+    def _discard(self, name: str, where: str, run_dir: str) -> None:
+        """Remove a failed run's files, unless its commit landed after all (then they are the table's)."""
+        try:
+            landed = self.delta_table(name).holds_files_under(run_dir)
+        except Exception:  # cannot tell: keep them (vacuum removes them if they are in no version)
+            return
+        if not landed:
+            self.dest.delete(where)
+
+    def _run_tables(self, records: list[CommitRecord], names: list[str]) -> list[TableState]:
+        # delta-rs 1.6 decodes %XX in a table's location when it reads (not when it writes): refuse such paths
+        selected = [n for n in names if (p := layout.parse_table_dir_name(n)) is not None and self.filter.accepts(*p)]
+        odd = [n for n in selected if "%" in delta_uri(self.dest.path(n))]
+        if odd:
+            raise ConfigError(
+                f"--format delta cannot write {', '.join(odd)} under {self.dest.root}: delta-rs cannot open a table "
+                "location with '%' in it (pgpoll writes characters other than letters, digits, '_' and '-' in "
+                "schema and table names as %XX)",
+                "leave these tables out with --exclude-tables, choose a --to without '%', or use --format parquet",
+            )
+        return super()._run_tables(records, names)
+
+    def _data_files(self, where: str, run_dir: str, stat_columns: list[str]) -> list[DataFile]:
+        """The Parquet files Spark wrote under ``where``, with their sizes and statistics.
+
+        Local destinations: from the files' footers (no data read); others: one Spark pass over the files.
+        """
+        from pyspark.sql import functions as F
+
+        local = local_path(where)
+        if local is not None:
+            found = footer_files(local, run_dir, stat_columns)
+            if not found:
+                raise SinkError(f"Spark wrote no Parquet file under {where}", "check the destination is writable")
+            return found
+        written = self.spark.read.parquet(where)
+        aggs = [F.count(F.lit(1)).alias("n")]
+        for i, c in enumerate(stat_columns):
+            col = F.col(quote(c))
+            aggs += [F.min(col).alias(f"lo{i}"), F.max(col).alias(f"hi{i}"),
+                     F.sum(F.when(col.isNull(), 1).otherwise(0)).alias(f"nul{i}")]
+        by_file = {
+            str(r["f"]).rsplit("/", 1)[-1]: r
+            for r in written.groupBy(F.input_file_name().alias("f")).agg(*aggs).collect()
+        }
+        out: list[DataFile] = []
+        for file_name, is_dir, size in self.dest.list(where):
+            if is_dir or not file_name.endswith(".parquet"):
+                continue
+            r = by_file.get(file_name)
+            if r is None:
+                out.append(DataFile(f"{run_dir}/{file_name}", size, 0))
+                continue
+            lo = {c: r[f"lo{i}"] for i, c in enumerate(stat_columns) if r[f"lo{i}"] is not None}
+            hi = {c: r[f"hi{i}"] for i, c in enumerate(stat_columns) if r[f"hi{i}"] is not None}
+            nulls = {c: int(r[f"nul{i}"]) for i, c in enumerate(stat_columns)}
+            out.append(DataFile(f"{run_dir}/{file_name}", size, int(r["n"]), lo, hi, nulls))
+        if not out:
+            raise SinkError(f"Spark wrote no Parquet file under {where}", "check the destination is writable")
+        return out

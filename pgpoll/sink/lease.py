@@ -1,0 +1,177 @@
+"""A renewed lease in the output: the fast "busy" answer, without any session state on the server.
+
+``PATH/_pgpoll/lease.json`` holds ``{run, slot, expires_at}``. A run takes it
+at start (:meth:`Lease.acquire` raises :class:`SlotBusyError`, exit 3, at once
+when another run's unexpired lease is there), renews it while it works (the
+caller calls :meth:`Lease.renew` at least every ``ttl / 2`` seconds, e.g. per
+batch) and releases it at the end. A run that died leaves a lease that
+expires after ``ttl`` (60 s by default) — at once for a run on the same host
+whose process is gone (the lease records host and PID), so a rerun right
+after a crash or a SIGKILL is not refused.
+
+The lease is only the fast path. Two runs can both believe they hold it
+(a stalled run whose lease expired, clocks that disagree, a store without
+atomic create); correctness rests on the commit log's compare-and-set
+(:mod:`pgpoll.sink.batches`), which the lease never replaces. The test-only
+switch ``PGPOLL_TEST_NO_LOCK=1`` turns the lease off, so tests can prove the
+fence alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from pgpoll.errors import SinkError, SlotBusyError
+from pgpoll.sink import layout
+from pgpoll.sink.filesystem import OutputFs
+
+log = logging.getLogger("pgpoll.sink")
+
+TTL_SECONDS = 60.0
+_HOST = socket.gethostname()
+NO_LOCK_ENV = "PGPOLL_TEST_NO_LOCK"
+
+
+def lease_disabled() -> bool:
+    """True when ``PGPOLL_TEST_NO_LOCK=1`` turns the fast path off (tests of the fence alone)."""
+    return os.environ.get(NO_LOCK_ENV, "") == "1"
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    """What ``lease.json`` says: who holds the output and until when (seconds since the epoch)."""
+
+    run: str
+    slot: str
+    expires_at: float
+    host: str = ""
+    pid: int = 0
+
+    def to_json(self) -> str:
+        """The lease file's content (``expires_at`` as ISO 8601 UTC too, for people)."""
+        when = datetime.fromtimestamp(self.expires_at, UTC).isoformat()
+        return json.dumps({"run": self.run, "slot": self.slot, "expires_at": self.expires_at, "expires": when,
+                           "host": self.host, "pid": self.pid}, sort_keys=True)
+
+    def dead_here(self) -> bool:
+        """True when the holder ran on this host and its process is gone (killed, crashed): no need to wait.
+
+        A holder on another host, or one written without host and pid, is only
+        judged by its expiry.
+        """
+        if not self.host or self.pid <= 0 or self.host != _HOST:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            return False
+        return False
+
+    @classmethod
+    def parse(cls, text: str) -> LeaseHolder | None:
+        """The holder, or None for a damaged file (treated as expired)."""
+        try:
+            data = json.loads(text)
+            return cls(run=str(data["run"]), slot=str(data["slot"]), expires_at=float(data["expires_at"]),
+                       host=str(data.get("host", "")), pid=int(data.get("pid", 0)))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+class Lease:
+    """The lease of one output for one run."""
+
+    def __init__(
+        self, fs: OutputFs, *, run: str, slot: str, ttl: float = TTL_SECONDS,
+        clock: Callable[[], float] = time.time, enabled: bool | None = None,
+    ) -> None:
+        self.fs = fs
+        self.run = run
+        self.slot = slot
+        self.ttl = ttl
+        self.clock = clock
+        self.enabled = (not lease_disabled()) if enabled is None else enabled
+        self.path = fs.path(layout.LEASE)
+        self.held = False
+
+    def holder(self) -> LeaseHolder | None:
+        """The current holder (None: no lease file, or a damaged one)."""
+        try:
+            return LeaseHolder.parse(self.fs.read_text(self.path)) if self.fs.exists(self.path) else None
+        except SinkError:
+            if self.fs.exists(self.path):
+                raise
+            return None  # released between the check and the read
+
+    def _busy(self, other: LeaseHolder) -> SlotBusyError:
+        left = max(0.0, other.expires_at - self.clock())
+        return SlotBusyError(
+            f'another ingest run ({other.run}, slot "{other.slot}") holds the output {self.fs.root} '
+            f"(its lease expires in {left:.0f} s)",
+            f"wait for it to finish; if it died, rerun after {left:.0f} s",
+        )
+
+    def _check_free(self, current: LeaseHolder | None) -> None:
+        """SlotBusyError when ``current`` is another run's unexpired lease."""
+        if current is not None and current.run != self.run and current.expires_at > self.clock():
+            if current.dead_here():
+                log.warning("run %s holding the output's lease is gone (process %d); taking the lease over",
+                            current.run, current.pid)
+                return
+            raise self._busy(current)
+
+    def _mine(self) -> LeaseHolder:
+        return LeaseHolder(run=self.run, slot=self.slot, expires_at=self.clock() + self.ttl, host=_HOST, pid=os.getpid())
+
+    def acquire(self) -> None:
+        """Take the lease; :class:`SlotBusyError` at once when another run's lease has not expired."""
+        if not self.enabled:
+            return
+        self.fs.mkdirs(self.fs.path(layout.META))
+        current = self.holder()
+        self._check_free(current)
+        if current is None and self.fs.create_exclusive(self.path, self._mine().to_json()):
+            pass
+        else:
+            current = self.holder()  # (another run may have created it just now)
+            self._check_free(current)
+            if current is not None and current.run != self.run:
+                log.warning("taking over the expired lease of run %s", current.run)
+            self.fs.write_text(self.path, self._mine().to_json())
+        confirmed = self.holder()  # two runs taking an expired lease together: the last writer has it
+        if confirmed is None or confirmed.run != self.run:
+            if confirmed is not None:
+                raise self._busy(confirmed)
+            raise SlotBusyError("another ingest run is taking the output's lease", "rerun in a minute")
+        self.held = True
+
+    def renew(self) -> None:
+        """Extend the lease by ``ttl``; :class:`SlotBusyError` when another run has taken it over meanwhile."""
+        if not self.enabled:
+            return
+        current = self.holder()
+        try:
+            self._check_free(current)
+        except SlotBusyError:
+            self.held = False
+            raise
+        self.fs.write_text(self.path, self._mine().to_json())
+        self.held = True
+
+    def release(self) -> None:
+        """Give the lease up (only when this run still holds it)."""
+        if not self.enabled or not self.held:
+            return
+        current = self.holder()
+        if current is not None and current.run == self.run:
+            self.fs.delete(self.path)
+        self.held = False
