@@ -58,7 +58,8 @@ Behaviour
   output cannot be opened, or a state directory cannot be renamed) or, with
   ``format: delta``, another writer's version of a table committed after the
   run read it, which pgpoll reports and does not merge over. Anything
-  else (exit 1, Spark or the cluster failing) is retried with backoff; a retry
+  else (exit 1, Spark or the cluster failing, 130/143 when the run was
+  interrupted by SIGINT/SIGTERM) is retried with backoff; a retry
   is safe: a failed run leaves the old state or none (then the retry rebuilds
   it) and the retry clears the failed run's scratch.
 - materialize runs only after an ingest that *succeeded* (the default trigger

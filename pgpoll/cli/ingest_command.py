@@ -7,12 +7,12 @@ import time
 
 import click
 
+from pgpoll import stopping
 from pgpoll.cli.boundary import report_error
 from pgpoll.cli.options import csv_values, dsn_option
 from pgpoll.cli.progress import Progress
-from pgpoll.ingest import stopping
 from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
-from pgpoll.ingest.stopping import StopRequest
+from pgpoll.stopping import StopRequest
 
 
 @click.command("ingest")

@@ -8,13 +8,27 @@ import time
 
 import click
 
+from pgpoll import stopping
 from pgpoll.cli import exitcodes
 from pgpoll.cli.boundary import report_error
 from pgpoll.cli.options import csv_values
 from pgpoll.materialize.delta_state import DeltaMaterializer
 from pgpoll.materialize.run import MaterializeOptions, Materializer, TableState, run_materialize
+from pgpoll.spark.session import debug_requested, spark_session
+from pgpoll.stopping import StopRequest
 
 FORMATS: dict[str, type[Materializer]] = {"parquet": Materializer, "delta": DeltaMaterializer}
+
+
+def _cancel_spark_jobs() -> None:
+    """On SIGINT/SIGTERM: cancel the running Spark job (quietly: Spark logs its own cancellation as errors)."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is not None:
+        if not debug_requested():
+            context.setLogLevel("OFF")
+        context.cancelAllJobs()
 
 
 def summary_json(status: str, exit_code: int, states: list[TableState], seconds: float, fmt: str) -> str:
@@ -42,14 +56,26 @@ def command(output: str, tables: tuple[str, ...], exclude_tables: tuple[str, ...
     logging.getLogger("py4j").setLevel(logging.WARNING)
     opts = MaterializeOptions(output=output, tables=tables, exclude_tables=exclude_tables, to=dest, full=full)
     started = time.monotonic()
+    stop = StopRequest()
+    restore = stopping.install(stop)
+    stop.on_request(_cancel_spark_jobs)
     try:
-        states = run_materialize(opts, materializer=FORMATS[fmt])
+        spark = spark_session("pgpoll-materialize")
+        stopping.reclaim(stop)  # SparkContext replaced the SIGINT handler with its own
+        states = run_materialize(opts, spark, materializer=FORMATS[fmt], stop=stop)
     except Exception as error:
-        code = report_error(error)
-        if as_json:
+        if stop.requested:  # cancelled mid-table or stopped between tables: what was committed stays
+            click.echo(f"interrupted by signal {stop.signum}: tables finished before it keep their new state; "
+                       "the unfinished table keeps its previous one", err=True)
+            code, status = stop.exit_code, "interrupted"
+        else:
+            code = report_error(error)
             status = "busy" if code == exitcodes.SLOT_BUSY else "error"
+        if as_json:
             click.echo(summary_json(status, code, [], time.monotonic() - started, fmt))
         raise SystemExit(code) from None
+    finally:
+        restore()
     for st in states:
         if as_json:
             click.echo(st.to_json())

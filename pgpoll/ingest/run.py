@@ -1,11 +1,15 @@
-"""One ingest run, coordinated on the driver: lock, preflight, recovery, batches, advance.
+"""One ingest run, coordinated on the driver: preflight, lease, recovery, fenced batches, advance.
 
-The driver never handles change rows. Each batch is one Spark job: a single
-task peeks the slot and streams Arrow batches to Spark's Parquet writer
-(``pgpoll.ingest.task``) into a staging directory; the driver then publishes
-the batch (``pgpoll.sink.batches``), records it in the commit log, and only
-then advances the slot to the batch's last COMMIT (or non-transactional
-message) LSN.
+The driver never handles change rows. Each batch is planned on the commit
+log's last record, then staged by one Spark job (:mod:`pgpoll.ingest.batch_job`:
+the task peeks the slot, decodes, and writes Parquet itself with pyarrow, or
+streams Arrow to Spark's writer where pyarrow cannot reach the output); the
+driver then commits it by creating the next commit-log record — the
+compare-and-set that makes a run that lost a race exit 3 — and only then
+advances the slot to the batch's last COMMIT (or non-transactional message)
+LSN. A run that catches up ends with a heartbeat batch, so the slot ends past
+everything it saw. Exactly once rests on that fence, not on the lease, which
+only gives a second run its fast "busy" answer.
 """
 
 from __future__ import annotations
@@ -13,44 +17,32 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from pgpoll.errors import (
-    ConfigError,
-    PgpollError,
-    PublicationNotFoundError,
-    SinkError,
-    SlotBusyError,
-    SlotInvalidatedError,
-    WrongPluginError,
-    first_line,
-)
-from pgpoll.ingest import faults, stopping
+from pgpoll import stopping
+from pgpoll.errors import ConfigError, PgpollError, PublicationNotFoundError, SinkError, SlotInvalidatedError, WrongPluginError
+from pgpoll.ingest import faults
+from pgpoll.ingest.batch_job import StoppedError, run_batch
 from pgpoll.ingest.progress_channel import BatchProgressLog, ProgressListener
-from pgpoll.ingest.stopping import StopRequest
-from pgpoll.ingest.task import BatchOutcome, BatchSpec, pyarrow_task, spark_task
+from pgpoll.ingest.task import BatchSpec
 from pgpoll.lsn import Lsn
-from pgpoll.sink import layout
-from pgpoll.sink import layout
-from pgpoll.sink.batches import BatchSink, Plan
-from pgpoll.sink.envelope import SPARK_DDL
+from pgpoll.sink.batches import BatchSink
 from pgpoll.sink.filesystem import local_path, open_output
-from pgpoll.sink.lease import Lease
-from pgpoll.sink.parquet_writer import PYARROW, StagingTarget, choose_writer
+from pgpoll.sink.lease import Lease, LeaseKeeper
 from pgpoll.sink.typed_tables import SchemaStore, stage_typed_tables
 from pgpoll.source import slots as slot_access
 from pgpoll.source.connection import resolve_dsn
-from pgpoll.source.control import ControlConnection, retrying
+from pgpoll.source.control import ControlConnection
 from pgpoll.source.names import check_identifier, check_slot_name
 from pgpoll.source.publications import publication_exists
 from pgpoll.spark.filesystems import check_local_output, connector_hint
-from pgpoll.spark.session import configure_writes, debug_requested, spark_session
+from pgpoll.spark.session import configure_writes, spark_session
+from pgpoll.stopping import StopRequest
 from pgpoll.table_patterns import TablePatterns
 
 log = logging.getLogger("pgpoll.ingest")
@@ -101,17 +93,6 @@ class RunSummary:
         return json.dumps(self.__dict__, sort_keys=True)
 
 
-class _Outcomes:
-    """AccumulatorParam keeping the latest outcome reported by the batch task."""
-
-    def zero(self, value: dict[str, Any]) -> dict[str, Any]:
-        return {}
-
-    def addInPlace(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:  # noqa: N802 (Spark's name)
-        a.update(b)
-        return a
-
-
 def _publication_exists(conn: Any, *, name: str) -> bool:
     return publication_exists(conn, name)
 
@@ -153,126 +134,6 @@ def _preflight(control: ControlConnection, opts: IngestOptions) -> tuple[str, sl
                     "create it: pgpoll publication create NAME --table schema.tbl",
                 )
     return plugin, info
-
-
-def _cancel_quietly(spark: Any) -> None:
-    """Cancel the batch's Spark job; Spark's log of its own cancellation (stack traces) is noise here."""
-    if not debug_requested():
-        spark.sparkContext.setLogLevel("OFF")
-    spark.sparkContext.cancelAllJobs()
-
-
-class _StoppedError(Exception):
-    """A stop was requested while a batch was in flight (its staging is discarded)."""
-
-
-def _run_batch(
-    spark: Any, sink: BatchSink, plan: Plan, spec: BatchSpec, control: ControlConnection,
-    stop: StopRequest | None = None,
-) -> BatchOutcome:
-    """One Spark job writing ``plan.staging``; returns the task's outcome (retried when transient).
-
-    Where the task can reach the output (a local path or ``file:`` URI) it
-    writes the Parquet files itself with pyarrow, typed tables included, in a
-    one-partition RDD job whose ``collect()`` returns the outcome; elsewhere
-    (or with ``PGPOLL_WRITER=spark``) Spark's writer takes the task's Arrow
-    batches through ``mapInArrow`` and the outcome comes in an accumulator
-    (see :mod:`pgpoll.sink.parquet_writer`). ``outcome.writer`` says which.
-
-    Before every attempt the slot is re-advanced to the plan's high-water mark:
-    a server crash can return the slot to its last checkpointed position, and a
-    peek from there would show only changes the output already holds.
-    """
-    writer = choose_writer(plan.staging)
-    if writer == PYARROW:
-        spec = replace(spec, target=StagingTarget.of(
-            plan.staging, plan.tables_staging, sink.fs.path(layout.LEDGERS)))
-    for attempt in retrying(what=f"batch {spec.batch_number}"):
-        with attempt:
-            if spec.high_water_mark is not None:
-                control.advance(Lsn(spec.high_water_mark))
-            sink.fs.delete(plan.staging)  # a failed attempt's leftovers (the plan file stays)
-            sink.fs.delete(plan.tables_staging)
-            acc = spark.sparkContext.accumulator({}, _Outcomes())
-            collected: list[BatchOutcome] = []
-            if writer == PYARROW:
-                job = spark.sparkContext.parallelize([0], 1).mapPartitions(pyarrow_task(spec))
-            else:
-                frame = spark.range(1, numPartitions=1).mapInArrow(spark_task(spec, acc), SPARK_DDL)
-            forget = stop.on_request(lambda: _cancel_quietly(spark)) if stop is not None else (lambda: None)
-            try:
-                if writer == PYARROW:
-                    collected.extend(job.collect())
-                else:
-                    frame.write.mode("errorifexists").parquet(plan.staging)
-            except Exception as exc:
-                if stop is not None and stop.requested:
-                    sink.discard(plan)
-                    raise _StoppedError() from None
-                if spec.fault in faults.TASK_POINTS:
-                    faults.crash_if(spec.fault, spec.fault)
-                sink.ensure_current(plan)  # lost already: another run's recovery may have removed the staging
-                sink.discard(plan)
-                raise SinkError(
-                    f"writing the batch failed: {first_line(exc)}",
-                    connector_hint(str(exc), sink.fs.root) or "check that the output is writable",
-                ) from None
-            finally:
-                forget()
-            outcome: BatchOutcome | None = collected[0] if collected else acc.value.get("outcome")
-            if outcome is None:
-                sink.discard(plan)
-                raise SinkError("the batch task reported nothing", "check the Spark executor logs")
-            if outcome.error is not None:
-                sink.discard(plan)
-                if outcome.reject is not None:
-                    _save_reject(sink, outcome.reject)
-                raise outcome.error
-            return outcome
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _save_reject(sink: BatchSink, reject: dict[str, Any]) -> None:
-    lsn = Lsn.parse(reject["lsn"])
-    path = sink.fs.path(layout.REJECTS, f"{lsn.padded()}-{uuid.uuid4().hex[:8]}.json")
-    sink.fs.write_text(path, json.dumps(reject, sort_keys=True))
-    log.error("undecodable row saved to %s", path)
-
-
-class _LeaseKeeper:
-    """Renews the output's lease from a thread while the run works (a batch can outlast the lease's TTL).
-
-    Losing the lease is not fatal by itself — the commit log's fence decides who
-    publishes — but it means another run believes this one died, so the run
-    stops before its next batch (exit 3).
-    """
-
-    def __init__(self, lease: Lease, every: float = 15.0) -> None:
-        self.lease = lease
-        self.lost: PgpollError | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(every,), name="pgpoll-lease", daemon=True)
-        self._thread.start()
-
-    def _loop(self, every: float) -> None:
-        while not self._stop.wait(every):
-            try:
-                self.lease.renew()
-            except SlotBusyError as exc:
-                self.lost = exc
-                return
-            except PgpollError as exc:  # a storage hiccup: try again at the next tick
-                log.warning("could not renew the output's lease: %s", exc.message)
-
-    def check(self) -> None:
-        """Raise the busy error if another run took the lease over."""
-        if self.lost is not None:
-            raise self.lost
-
-    def stop(self) -> None:
-        """Stop renewing."""
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 def _end_of_run_heartbeat(control: ControlConnection, run_id: str, plugin: str, opts: IngestOptions) -> dict[str, Any] | None:
@@ -361,7 +222,7 @@ def run_ingest(
     summary = RunSummary(slot=opts.slot)
     listener: ProgressListener | None = None
     lease: Lease | None = None
-    keeper: _LeaseKeeper | None = None
+    keeper: LeaseKeeper | None = None
     target = resolve_dsn(opts.dsn)
     fault = faults.configured()
     control = ControlConnection(target, opts.slot)
@@ -373,7 +234,7 @@ def run_ingest(
         if local_path(opts.output) is not None:  # a local output's lease needs no JVM: "busy" before Spark starts
             lease = Lease(open_output(opts.output), run=run_id, slot=opts.slot)
             lease.acquire()  # the fast "busy" answer (exit 3 at once); correctness rests on the commit log's fence
-            keeper = _LeaseKeeper(lease)
+            keeper = LeaseKeeper(lease)
         spark = spark or spark_session("pgpoll-ingest")
         configure_writes(spark)
         stopping.reclaim(stop)  # SparkContext replaced the SIGINT handler with its own
@@ -383,7 +244,7 @@ def run_ingest(
         if lease is None:  # other stores: through Hadoop's filesystem, once Spark runs
             lease = Lease(sink.fs, run=run_id, slot=opts.slot)
             lease.acquire()
-            keeper = _LeaseKeeper(lease)
+            keeper = LeaseKeeper(lease)
         report = sink.recover()
         summary.fenced = sink.fenced
         summary.recovery = report.as_json()
@@ -421,8 +282,8 @@ def run_ingest(
             if listener is not None:
                 listener.start_batch(number)
             try:
-                outcome = _run_batch(spark, sink, plan, spec, control, stop)
-            except _StoppedError:
+                outcome = run_batch(spark, sink, plan, spec, control, stop)
+            except StoppedError:
                 summary.status, summary.exit_code = "interrupted", stop.exit_code if stop is not None else 130
                 break
             summary.writer = outcome.writer

@@ -32,6 +32,7 @@ from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CommitLog, CommitRecord
 from pgpoll.sink.filesystem import OutputFilesystem
 from pgpoll.sink.typed_tables import SchemaStore, load_ledger
+from pgpoll.stopping import StopRequest, StopRequestedError
 from pgpoll.table_patterns import TablePatterns
 from pgpoll.typed.mapping import spark_ddl
 from pgpoll.typed.rows import quote
@@ -170,6 +171,7 @@ class Materializer:
         self.dest = OutputFilesystem(spark, dest)
         self.store = SchemaStore(self.fs)
         self.filter = TablePatterns(opts.tables, opts.exclude_tables)
+        self.stop: StopRequest | None = None  # checked before each table (SIGINT/SIGTERM: see pgpoll.stopping)
 
     def run(self) -> list[TableState]:
         """Materialize every selected table; returns what was done for each."""
@@ -194,6 +196,8 @@ class Materializer:
         self.spark.conf.set(_CASE_SENSITIVE, "true")
         try:
             for name in names:
+                if self.stop is not None and self.stop.requested:
+                    raise StopRequestedError()  # between tables: every state written so far is whole
                 parsed = layout.parse_table_dir_name(name)
                 if parsed is None or not self.filter.accepts(*parsed):
                     continue
@@ -286,7 +290,8 @@ class Materializer:
 
 
 def run_materialize(
-    opts: MaterializeOptions, spark: Any = None, *, materializer: type[Materializer] | None = None
+    opts: MaterializeOptions, spark: Any = None, *, materializer: type[Materializer] | None = None,
+    stop: StopRequest | None = None,
 ) -> list[TableState]:
     """Materialize the typed tables of ``opts.output``; see :class:`Materializer` (or ``materializer``,
     e.g. :class:`pgpoll.materialize.delta_state.DeltaMaterializer`)."""
@@ -297,4 +302,6 @@ def run_materialize(
     from pgpoll.spark.session import configure_writes
 
     configure_writes(spark)
-    return (materializer or Materializer)(spark, opts).run()
+    job = (materializer or Materializer)(spark, opts)
+    job.stop = stop
+    return job.run()

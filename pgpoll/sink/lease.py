@@ -23,12 +23,13 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pgpoll.errors import SinkError, SlotBusyError
+from pgpoll.errors import PgpollError, SinkError, SlotBusyError
 from pgpoll.sink import layout
 from pgpoll.sink.filesystem import OutputFs
 
@@ -175,3 +176,39 @@ class Lease:
         if current is not None and current.run == self.run:
             self.fs.delete(self.path)
         self.held = False
+
+
+class LeaseKeeper:
+    """Renews the output's lease from a thread while the run works (a batch can outlast the lease's TTL).
+
+    Losing the lease is not fatal by itself — the commit log's fence decides who
+    publishes — but it means another run believes this one died, so the run
+    stops before its next batch (exit 3).
+    """
+
+    def __init__(self, lease: Lease, every: float = 15.0) -> None:
+        self.lease = lease
+        self.lost: PgpollError | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(every,), name="pgpoll-lease", daemon=True)
+        self._thread.start()
+
+    def _loop(self, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                self.lease.renew()
+            except SlotBusyError as exc:
+                self.lost = exc
+                return
+            except PgpollError as exc:  # a storage hiccup: try again at the next tick
+                log.warning("could not renew the output's lease: %s", exc.message)
+
+    def check(self) -> None:
+        """Raise the busy error if another run took the lease over."""
+        if self.lost is not None:
+            raise self.lost
+
+    def stop(self) -> None:
+        """Stop renewing."""
+        self._stop.set()
+        self._thread.join(timeout=5)

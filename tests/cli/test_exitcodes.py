@@ -10,6 +10,7 @@ from pgpoll.cli import exitcodes
 EXPECTED = {
     errors.ConfigError: exitcodes.USAGE,
     errors.SlotBusyError: exitcodes.SLOT_BUSY,
+    errors.FenceLostError: exitcodes.SLOT_BUSY,  # lost the commit log's compare-and-set: another run published
     errors.SourceError: exitcodes.SOURCE,
     errors.SlotNotFoundError: exitcodes.SOURCE,
     errors.PublicationNotFoundError: exitcodes.SOURCE,
@@ -51,4 +52,5 @@ def test_non_pgpoll_errors_are_unexpected() -> None:
 def test_codes_are_the_documented_numbers() -> None:
     assert (exitcodes.OK, exitcodes.UNEXPECTED, exitcodes.USAGE, exitcodes.SLOT_BUSY,
             exitcodes.SOURCE, exitcodes.SINK, exitcodes.DECODE, exitcodes.STATUS_ALERT) == (0, 1, 2, 3, 4, 5, 6, 7)
-    assert sorted(exitcodes.EXIT_CODES) == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert (exitcodes.INTERRUPTED, exitcodes.TERMINATED) == (130, 143)  # 128 + SIGINT, 128 + SIGTERM
+    assert sorted(exitcodes.EXIT_CODES) == [0, 1, 2, 3, 4, 5, 6, 7, 130, 143]

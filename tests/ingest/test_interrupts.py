@@ -76,3 +76,39 @@ def test_a_signal_mid_batch_stops_cleanly_and_a_rerun_takes_every_change_once(
     assert rerun.exit_code == 0, rerun.stderr
     ids = [int(r["after"]["id"]) for r in read_output(spark, capture.output) if r["op"] == "I"]
     assert len(ids) == 301000 and sorted(ids) == list(range(1, 301001))
+
+
+def test_sigint_during_materialize_stops_cleanly_and_a_rerun_builds_the_whole_state(
+    db: Any, tmp_path: Path, spark: Any
+) -> None:
+    capture = make_capture(db, "pgoutput", tmp_path / "out")
+    db.execute("INSERT INTO items SELECT g, repeat('x', 30) FROM generate_series(1, 200000) g")
+    assert ingest(db.dsn, *capture.args("--typed-tables")).exit_code == 0
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "jobs" / "materialize.py"), "--output", capture.output, "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+    )
+    lease = Path(capture.output) / "state" / ".pgpoll-materialize.lease"
+    try:
+        deadline = time.monotonic() + 180
+        while not lease.exists():  # the run holds its destination: it is materializing
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "materialize never started"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, (proc.returncode, err[-3000:])
+    summary = _summary(out)
+    assert summary is not None and summary["status"] == "interrupted" and summary["exit_code"] == 130, out
+    assert "Traceback" not in out + err and not [line for line in err.splitlines() if " ERROR " in line], err[-3000:]
+    assert not lease.exists()  # released on the way out: the next run is not refused
+
+    from tests.materialize.conftest import materialize, state_rows
+
+    code, tables, _err = materialize(capture.output)
+    assert code == 0 and [t["rows"] for t in tables] == [200000]
+    assert len(state_rows(spark, capture.output, "public", "items")) == 200000

@@ -1,4 +1,4 @@
-"""Stopping a run cleanly on SIGINT or SIGTERM.
+"""Stopping a job (ingest, materialize) cleanly on SIGINT or SIGTERM.
 
 A signal only *asks* the run to stop: the handler records it and returns, so no
 ``KeyboardInterrupt`` unwinds through py4j or a half-written commit. The run
@@ -19,6 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopRequestedError(Exception):
+    """Raised at a job's safe point once a stop was requested (the job then reports "interrupted")."""
 
 
 class StopRequest:
