@@ -76,6 +76,8 @@ def command(output: str, tables: tuple[str, ...], exclude_tables: tuple[str, ...
         raise SystemExit(code) from None
     finally:
         restore()
+    if stop.requested:  # the signal came when no Spark job was running: stopped at the end, the next safe point
+        click.echo(f"interrupted by signal {stop.signum}: every table listed was written whole", err=True)
     for st in states:
         if as_json:
             click.echo(st.to_json())
@@ -84,5 +86,8 @@ def command(output: str, tables: tuple[str, ...], exclude_tables: tuple[str, ...
             click.echo(f"{st.table}: {st.rows} row(s) as of {st.position} ({st.mode}{version}) -> {st.path}")
             for w in st.warnings:
                 click.echo(f"  warning: {w}", err=True)
+    status, code = ("interrupted", stop.exit_code) if stop.requested else ("ok", 0)
     if as_json:
-        click.echo(summary_json("ok", 0, states, time.monotonic() - started, fmt))
+        click.echo(summary_json(status, code, states, time.monotonic() - started, fmt))
+    if code:
+        raise SystemExit(code)

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from pgpoll.typed.conversions import to_arrow
 from pgpoll.typed.mapping import PgType, arrow_type
-from pgpoll.typed.rows import TypedLayout
+from pgpoll.typed.rows import TypedLayout, assemble_typed_batch
 
 #: Kinds whose text an Arrow cast reads exactly as PostgreSQL prints it, or fails on.
 _CAST_KINDS = frozenset({"bool", "int2", "int4", "int8", "oid", "float4", "float8", "date", "timestamp", "timestamptz"})
@@ -112,19 +112,4 @@ def typed_columns_batch(batch: pa.RecordBatch, layout: TypedLayout) -> pa.Record
     else:
         before_col = pa.nulls(n, before_type)
     untyped_col = pa.array([untyped.get(i) for i in range(n)], _UNTYPED) if untyped else pa.nulls(n, _UNTYPED)
-
-    def passed(source: str, into: str) -> pa.Array[Any]:
-        return batch.column(source).cast(target.field(into).type)
-
-    arrays = [
-        *own_main,
-        passed("op", "_op"),
-        passed("commit_lsn", "_commit_lsn"),
-        passed("seq", "_seq"),
-        passed("commit_ts", "_commit_ts"),
-        passed("unchanged_toast", "_unchanged_toast"),
-        before_col,
-        untyped_col,
-        passed("schema_id", "_schema_id"),
-    ]
-    return pa.RecordBatch.from_arrays(arrays, schema=target)
+    return assemble_typed_batch(batch, target, own_main, before_col, untyped_col)

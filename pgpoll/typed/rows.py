@@ -178,18 +178,32 @@ def typed_batch(batch: pa.RecordBatch, layout: TypedLayout) -> pa.RecordBatch:
         before = pa.StructArray.from_arrays(own_old, fields=list(before_type), mask=mask)
     else:
         before = pa.nulls(n, before_type)
-    def passed(source: str, into: str) -> pa.Array[Any]:  # Spark's Arrow types differ in tz and list field names
+    untyped_col = pa.array([u if u else None for u in untyped], pa.map_(pa.string(), pa.string()))
+    return assemble_typed_batch(batch, target, own_main, before, untyped_col)
+
+
+def assemble_typed_batch(
+    batch: pa.RecordBatch, target: pa.Schema, own: Sequence[pa.Array[Any]], before: pa.Array[Any],
+    untyped: pa.Array[Any],
+) -> pa.RecordBatch:
+    """The typed change batch: the table's own columns, the envelope's working columns, ``_before``, ``_untyped``.
+
+    The working columns pass through from the envelope ``batch``, cast to the
+    target's types (Spark's Arrow types differ in time zone and list field names).
+    """
+
+    def passed(source: str, into: str) -> pa.Array[Any]:
         return batch.column(source).cast(target.field(into).type)
 
     arrays = [
-        *own_main,
+        *own,
         passed("op", "_op"),
         passed("commit_lsn", "_commit_lsn"),
         passed("seq", "_seq"),
         passed("commit_ts", "_commit_ts"),
         passed("unchanged_toast", "_unchanged_toast"),
         before,
-        pa.array([u if u else None for u in untyped], pa.map_(pa.string(), pa.string())),
+        untyped,
         passed("schema_id", "_schema_id"),
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=target)

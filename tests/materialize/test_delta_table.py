@@ -98,8 +98,8 @@ def test_the_first_commit_never_replaces_a_table_created_meanwhile(tmp_path: Pat
 
 
 def test_delta_uri_gives_delta_rs_local_paths_and_s3() -> None:
-    assert delta_uri("file:/lake/state/public.t") == "/lake/state/public.t"
-    assert delta_uri("/lake/x") == "/lake/x"
+    assert delta_uri("file:/lake/state/public.t") == "/lake/state/public.t"  # checkout-paths: data
+    assert delta_uri("/lake/x") == "/lake/x"  # checkout-paths: data
     assert delta_uri("s3a://bucket/state/public.t") == "s3://bucket/state/public.t"
     assert DataFile("p", 1, 0, {"id": 1}).stats_json() == json.dumps({"numRecords": 0})
 

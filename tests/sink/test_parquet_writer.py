@@ -25,13 +25,13 @@ _MICROS = int((_TS - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds() * 1_000_0
 @pytest.mark.parametrize(
     ("path", "requested", "expected"),
     [
-        ("/tmp/out/_pgpoll/staging/x", None, PYARROW),
+        ("/tmp/out/_pgpoll/staging/x", None, PYARROW),  # checkout-paths: data
         ("file:/tmp/out/_pgpoll/staging/x", None, PYARROW),
         ("file:///tmp/out/_pgpoll/staging/x", "auto", PYARROW),
         ("hdfs://nn:8020/out/_pgpoll/staging/x", None, SPARK),
         ("s3a://bucket/out/_pgpoll/staging/x", None, SPARK),
         ("gs://bucket/out/_pgpoll/staging/x", "auto", SPARK),
-        ("/tmp/out/_pgpoll/staging/x", "spark", SPARK),
+        ("/tmp/out/_pgpoll/staging/x", "spark", SPARK),  # checkout-paths: data
     ],
 )
 def test_the_writer_is_pyarrow_where_the_task_reaches_the_output(
@@ -43,19 +43,24 @@ def test_the_writer_is_pyarrow_where_the_task_reaches_the_output(
 
 def test_the_environment_forces_spark_and_pyarrow_never_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(WRITER_ENV, "spark")
-    assert choose_writer("/tmp/x") == SPARK
+    assert choose_writer("/tmp/x") == SPARK  # checkout-paths: data
     monkeypatch.setenv(WRITER_ENV, "pyarrow")
     assert choose_writer("file:/tmp/x") == PYARROW
     with pytest.raises(ConfigError):
         choose_writer("s3a://bucket/x")
     monkeypatch.setenv(WRITER_ENV, "fast")
     with pytest.raises(ConfigError):
-        choose_writer("/tmp/x")
+        choose_writer("/tmp/x")  # checkout-paths: data
 
 
 def test_staging_target_of_file_uris_is_os_paths() -> None:
     target = StagingTarget.of("file:/o/_pgpoll/staging/a", "file:/o/_pgpoll/staging/a-tables", "file:/o/_pgpoll/tables")
-    assert target == StagingTarget("/o/_pgpoll/staging/a", "/o/_pgpoll/staging/a-tables", "/o/_pgpoll/tables")
+    expected = StagingTarget(
+        "/o/_pgpoll/staging/a",  # checkout-paths: data
+        "/o/_pgpoll/staging/a-tables",  # checkout-paths: data
+        "/o/_pgpoll/tables",  # checkout-paths: data
+    )
+    assert target == expected
 
 
 def _envelope(rows: list[tuple[str, str, str | None, dict[str, str | None] | None, dict[str, str | None] | None]],

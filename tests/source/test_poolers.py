@@ -175,7 +175,9 @@ def test_slot_commands_and_check_through_the_pooler(values_db: Any, pooled: Any,
     last_commit = rows[-1]["lsn"]
     advanced = invoke("slot", "advance", name, last_commit, "--dsn", pooled_dsn)
     assert advanced.exit_code == 0, advanced.output
-    assert invoke("slot", "peek", name, "--json", "--dsn", pooled_dsn).stdout == ""
+    after = [json.loads(line) for line in invoke("slot", "peek", name, "--json", "--dsn", pooled_dsn).stdout.splitlines()]
+    # the advance took every change; what may follow is an empty transaction of the server's own (an autoanalyze)
+    assert [r for r in after if r["data"].startswith("table ")] == []
     dropped = invoke("slot", "drop", name, "--dsn", pooled_dsn)
     assert dropped.exit_code == 0, dropped.output
     assert values_db.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (name,)) == [(0,)]

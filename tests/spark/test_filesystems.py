@@ -77,7 +77,7 @@ def test_output_below_a_regular_file(tmp_path: Path) -> None:
         "choose an --output whose parent directories are directories",
     )
     with pytest.raises(SinkError) as raised:
-        check_local_output(tmp_path.as_uri() + "/file/out/deeper")
+        check_local_output(tmp_path.as_uri() + "/file/out/deeper")  # checkout-paths: data
     assert "is a regular file, not a directory" in raised.value.message
 
 

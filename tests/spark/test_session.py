@@ -56,7 +56,7 @@ def test_quiet_java_options_is_one_option_even_with_spaces(tmp_path: Path) -> No
     option = quiet_java_options(config)
     assert option.startswith("-Dlog4j2.configurationFile=file:/")
     assert " " not in option
-    assert quiet_java_options().endswith("/pgpoll/spark/log4j2.properties")
+    assert quiet_java_options().endswith("/pgpoll/spark/log4j2.properties")  # checkout-paths: data
 
 
 def test_builder_settings_new_jvm_quiet() -> None:
