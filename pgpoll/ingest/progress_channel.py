@@ -135,6 +135,11 @@ class ProgressReporter:
             except OSError:
                 self._sock = None
 
+    @property
+    def connected(self) -> bool:
+        """True while lines can reach the driver (False: nobody listens, or the connection broke)."""
+        return self._sock is not None
+
     def report(self, phase: str, rows: int = 0, changes: int = 0, *, force: bool = False) -> None:
         """Send the task's state (throttled unless ``force``)."""
         if self._sock is None:
