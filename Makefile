@@ -13,7 +13,7 @@ help:
 	@echo "make demo   - set up .venv, start a throwaway PostgreSQL, fill a slot and show it"
 	@echo "make test   - set up .venv and run the whole test suite"
 	@echo "make bench  - run the benchmarks and print their figures"
-	@echo "make dist   - build dist/: the wheel, pgpoll.zip for spark-submit --py-files, ingest.py, materialize.py, log4j2.properties"
+	@echo "make dist   - build dist/: the wheel, pgpoll.zip for spark-submit --py-files, ingest.py, materialize.py, snapshot.py, log4j2.properties"
 	@echo "make airflow-venv - Apache Airflow 3 and its Spark provider in .venv-airflow (apart from .venv), for the DAG test"
 	@echo "make clean  - remove .venv and build leftovers"
 
@@ -64,17 +64,18 @@ bench: install
 # What a Spark cluster needs: the wheel (pip install it where pgpoll should be installed), the same
 # wheel as dist/pgpoll.zip (spark-submit --py-files puts only .zip/.egg/.jar files on the executors'
 # sys.path; a pure-Python wheel is a zip with the package at its root) and the entry scripts, ingest.py
-# and materialize.py.
+# materialize.py and snapshot.py.
 DIST ?= dist
 dist: $(VENV)/.installed
 	@mkdir -p $(DIST)
-	rm -rf build $(DIST)/pgpoll-*.whl $(DIST)/pgpoll.zip $(DIST)/ingest.py $(DIST)/materialize.py $(DIST)/log4j2.properties  # a stale build/ puts deleted modules in the wheel
+	rm -rf build $(DIST)/pgpoll-*.whl $(DIST)/pgpoll.zip $(DIST)/ingest.py $(DIST)/materialize.py $(DIST)/snapshot.py $(DIST)/log4j2.properties  # a stale build/ puts deleted modules in the wheel
 	$(PY) -m pip wheel -q --no-deps --wheel-dir $(DIST) .
 	cp $(DIST)/pgpoll-*-py3-none-any.whl $(DIST)/pgpoll.zip
 	cp jobs/ingest.py $(DIST)/ingest.py
 	cp jobs/materialize.py $(DIST)/materialize.py
+	cp jobs/snapshot.py $(DIST)/snapshot.py
 	cp pgpoll/spark/log4j2.properties $(DIST)/log4j2.properties
-	@echo "built $(DIST)/: $$(cd $(DIST) && ls pgpoll-*.whl) pgpoll.zip ingest.py materialize.py log4j2.properties"
+	@echo "built $(DIST)/: $$(cd $(DIST) && ls pgpoll-*.whl) pgpoll.zip ingest.py materialize.py snapshot.py log4j2.properties"
 
 # Airflow pins many packages, so it gets its own virtualenv. Airflow's constraint files are on GitHub;
 # where that is reachable, pass one: make airflow-venv AIRFLOW_CONSTRAINTS=https://.../constraints-3.11.txt

@@ -131,6 +131,32 @@ class ConnectionFailedError(SourceError):
     """The server could not be reached or refused the login."""
 
 
+class LockTimeoutError(SourceError):
+    """A snapshot read could not take its ACCESS SHARE lock within ``lock_timeout``.
+
+    ``table`` is the table; ``blocker_pid``, ``blocker_application`` and
+    ``blocker_since`` (ISO text) describe the session holding or queueing the
+    conflicting lock, where it could be seen.
+    """
+
+    table: str | None = None
+    blocker_pid: int | None = None
+    blocker_application: str | None = None
+    blocker_since: str | None = None
+
+
+class SharedSnapshotLostError(SourceError):
+    """A chunk could not import the shared (exported) snapshot: the exporting session ended."""
+
+
+class TableRewrittenError(SourceError):
+    """A table was rewritten (TRUNCATE, VACUUM FULL, a rewriting ALTER TABLE) after its shared snapshot was taken.
+
+    Such commands are not MVCC-safe: a read through the older snapshot would
+    see the new files. The table's shared read starts again under a new one.
+    """
+
+
 class SinkError(PgpollError):
     """The output could not be written or committed."""
 

@@ -52,6 +52,7 @@ def _register() -> None:
         materialize_command,
         publication_commands,
         slot_commands,
+        snapshot_command,
         status_command,
     )
 
@@ -63,6 +64,7 @@ def _register() -> None:
     cli.add_command(publication_commands.publication)
     cli.add_command(status_command.command)
     cli.add_command(batches_command.command)
+    cli.add_command(snapshot_command.command)
     _add_verbose(cli)
 
 

@@ -83,7 +83,8 @@ def command(output: str, tables: tuple[str, ...], exclude_tables: tuple[str, ...
             click.echo(st.to_json())
         else:
             version = f", version {st.version}" if st.version is not None else ""
-            click.echo(f"{st.table}: {st.rows} row(s) as of {st.position} ({st.mode}{version}) -> {st.path}")
+            snap = f", on snapshot {st.snapshot['id']}" if st.snapshot else ""
+            click.echo(f"{st.table}: {st.rows} row(s) as of {st.position} ({st.mode}{version}{snap}) -> {st.path}")
             for w in st.warnings:
                 click.echo(f"  warning: {w}", err=True)
     status, code = ("interrupted", stop.exit_code) if stop.requested else ("ok", 0)

@@ -13,6 +13,15 @@ written to a local Arrow IPC spill file and read back at commit, so a
 transaction of any size passes through bounded memory. A transaction whose
 commit is at or below ``high_water_mark`` is already in the output and is
 dropped; so are pgpoll's heartbeat messages and tables the filter leaves out.
+
+Transaction ids: the plugins print 32-bit ids; the envelope's ``xid`` holds
+the full 64-bit id. The peek gives a full id read after it built its result
+(:attr:`BatchAssembler.xid_reference`, see
+:func:`pgpoll.source.slots.peek_rows`), and :meth:`BatchAssembler.commit`
+widens the committed transaction's id with it (:func:`pgpoll.xids.widen_xid`)
+— the one place ids are widened, for every path a row comes in by. The
+lowest and highest full id of the transactions the batch covers (also those
+that wrote no rows, such as pgpoll's heartbeat) go to the commit log.
 """
 
 from __future__ import annotations
@@ -26,13 +35,16 @@ from typing import Any
 import pyarrow as pa
 
 from pgpoll.changes import HEARTBEAT_PREFIX, LogicalMessage, Op, RelationInfo, RowChange, RowFields, Truncate, split_row
+from pgpoll.errors import SourceError
 from pgpoll.sink.envelope import ENVELOPE_SCHEMA, ChangeColumns, with_transaction
 from pgpoll.typed.schemas import CatalogTable, TableSchema, schema_from_columns, schema_from_relation
+from pgpoll.xids import widen_xid
 
 __all__ = ["HEARTBEAT_PREFIX", "BatchAssembler"]  # HEARTBEAT_PREFIX: re-exported from pgpoll.changes for now
 _LETTER = {op: op.value for op in Op}  # a dict lookup is cheaper than Enum.value
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
+_HALF = 1 << 31
 
 
 def _micros(ts: datetime | None) -> int | None:
@@ -82,6 +94,40 @@ class BatchAssembler:
         self.last_commit_ts: datetime | None = None
         self.first_commit_ts: datetime | None = None
         self.advance_to: int | None = None
+        #: a full (64-bit) id not older than any committed transaction of the peek; None: ids stay as given
+        self.xid_reference: int | None = None
+        self.xid_min: int | None = None  # full ids of the transactions the batch covers
+        self.xid_max: int | None = None
+
+    def set_xid_reference(self, reference: int) -> None:
+        """The full id the peek's 32-bit ids are widened against (:func:`pgpoll.source.slots.peek_rows`)."""
+        self.xid_reference = reference
+
+    def full_xid(self, xid: int | None) -> int | None:
+        """The full 64-bit id of a committed transaction's 32-bit ``xid`` (unchanged without a reference).
+
+        The full id nearest the reference: normally at or below it, but a
+        transaction whose commit record is already flushed (so decoded) can
+        still count as running when the reference is read — a commit waiting
+        for a synchronous standby does so for as long as the standby takes —
+        and then its id may be at or above ``xmax``. Every id the server still
+        has in use is within 2^31 of its next id (wraparound protection), so
+        the nearest full id is the right one either way.
+        """
+        if xid is None or self.xid_reference is None:
+            return xid
+        try:
+            return widen_xid(xid, self.xid_reference)
+        except ValueError:
+            pass  # newer than the reference, or no such full id below it
+        try:
+            return widen_xid(xid, self.xid_reference + _HALF - 1)
+        except ValueError as exc:
+            raise SourceError(  # a PgpollError the task reports (no row is rejected: the row is not at fault)
+                f"transaction id {xid} cannot be widened to a full 64-bit id: {exc}",
+                "the peek's reference id (pg_current_snapshot's xmax) is read after the peek; run again, and "
+                "report it if it persists",
+            ) from None
 
     @property
     def in_transaction(self) -> bool:
@@ -97,14 +143,22 @@ class BatchAssembler:
         self._begin_ts = commit_ts
 
     def commit(self, lsn: int, xid: int | None, commit_ts: datetime | None) -> Iterator[pa.RecordBatch]:
-        """The open transaction committed; ``lsn`` is the COMMIT row's (the commit record's end)."""
+        """The open transaction committed; ``lsn`` is the COMMIT row's (the commit record's end).
+
+        ``xid`` (and the BEGIN's) is the 32-bit id the plugin printed; the
+        rows get its full id (:meth:`full_xid`).
+        """
         self.advance_to = lsn
-        xid = self._xid if self._xid is not None else xid
+        xid = self.full_xid(self._xid if self._xid is not None else xid)
         commit_ts = commit_ts if commit_ts is not None else self._begin_ts
         ts = _micros(commit_ts)
         self._in_txn = False
+        covered = self.hwm is None or lsn > self.hwm
+        if covered and xid is not None:
+            self.xid_min = xid if self.xid_min is None else min(self.xid_min, xid)
+            self.xid_max = xid if self.xid_max is None else max(self.xid_max, xid)
         rows = self._spilled_rows + len(self.cols) - self.cols.filled
-        if rows == 0 or (self.hwm is not None and lsn <= self.hwm):
+        if rows == 0 or not covered:
             self.cols.drop_unfilled()
             self._close_spill()
             return

@@ -306,6 +306,7 @@ def run_ingest(
                 plan, start=start, end=outcome.advance_to, rows=outcome.changes, slot=opts.slot, plugin=plugin,
                 last_commit_ts=outcome.last_commit_ts, first_commit_ts=outcome.first_commit_ts, tables=typed,
                 table_stats=stats if heartbeat_sent and caught_up else None, publications=opts.publications,
+                xid_min=outcome.xid_min, xid_max=outcome.xid_max,
             )  # FenceLostError (exit 3) when another run published this record number first
             faults.crash_if("after-commit-log", fault)
             control.advance(Lsn(outcome.advance_to))

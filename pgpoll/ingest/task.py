@@ -15,7 +15,10 @@ through the driver. Two ways to write them:
   Spark accumulator.
 
 The outcome is what the driver needs back: the LSN to advance to, counts,
-an error or a rejected row, and the files written.
+the lowest and highest full transaction id, an error or a rejected row, and
+the files written. The envelope's ``xid`` is the full 64-bit id: the peek
+reads a reference id after building its result, and the batch assembler
+widens each committed transaction's 32-bit id with it.
 
 Nothing here moves the slot: a peek is repeatable until the driver advances,
 so a retried task or batch is safe.
@@ -76,6 +79,8 @@ class BatchOutcome:
     last_commit_lsn: int | None = None
     first_commit_ts: str | None = None
     last_commit_ts: str | None = None
+    xid_min: int | None = None  # full 64-bit ids of the transactions the batch covers (None: none)
+    xid_max: int | None = None
     open_transaction_at_end: bool = False
     error: PgpollError | None = None
     reject: dict[str, Any] | None = None
@@ -130,7 +135,8 @@ def iter_batch(
         conn = connect(ConnectionTarget(spec.dsn, "task"), application_name=f"pgpoll ingest {spec.slot}")
         fast_row = getattr(decode, "fast_row", None)
         rows = peek_rows(
-            conn, spec.slot, spec.plugin, upto_nchanges=spec.upto_nchanges, options=list(spec.options), raw_text=True
+            conn, spec.slot, spec.plugin, upto_nchanges=spec.upto_nchanges, options=list(spec.options), raw_text=True,
+            on_xid_reference=asm.set_xid_reference,  # the assembler widens each committed 32-bit xid with it
         )
 
         def batches() -> Iterator[pa.RecordBatch]:
@@ -169,6 +175,7 @@ def iter_batch(
         outcome.last_commit_lsn = asm.last_commit_lsn
         outcome.last_commit_ts = asm.last_commit_ts.isoformat() if asm.last_commit_ts else None
         outcome.first_commit_ts = asm.first_commit_ts.isoformat() if asm.first_commit_ts else None
+        outcome.xid_min, outcome.xid_max = asm.xid_min, asm.xid_max
         outcome.schemas = {sid: described.to_json() for sid, described in asm.schemas.items()}
         reporter.report("fetch", outcome.peeked_rows, asm.changes, force=True)
         reporter.close()

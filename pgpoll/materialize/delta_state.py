@@ -108,7 +108,8 @@ class DeltaMaterializer(Materializer):
         meta = pinned.meta or {}
         if self.opts.full or pinned.applied is None or not pinned.files or not isinstance(meta.get("schema_id"), str):
             return None  # a full rebuild, committed over the pinned version
-        return {"position": str(Lsn(pinned.applied)), "rows": int(meta.get("rows", 0)), "schema_id": meta["schema_id"]}
+        return {"position": str(Lsn(pinned.applied)), "rows": int(meta.get("rows", 0)), "schema_id": meta["schema_id"],
+                "snapshot_id": meta.get("snapshot_id")}
 
     def _read_previous(self, name: str) -> Any:
         paths = [f if "://" in f or f.startswith("/") else self.dest.path(name, f) for f in self._pins[name].files]
@@ -124,7 +125,8 @@ class DeltaMaterializer(Materializer):
             rows = sum(f.records for f in files)
             meta = {**marker, "rows": rows, "run": self.run_id, "output": self.fs.root}
             version = self.delta_table(name).commit(pinned, files, arrow_schema(frame.schema),
-                                                    int(Lsn.parse(marker["position"])), meta, force=self.opts.full)
+                                                    int(Lsn.parse(marker["position"])), meta,
+                                                    force=self.opts.full or name in self.rebuilt)
         except BaseException:
             self._discard(name, where, run_dir)
             raise

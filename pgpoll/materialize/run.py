@@ -14,6 +14,12 @@ moment readers find no state, and a crash in between leaves none (the next
 run rebuilds it). One run at a time per destination: a second one exits 3 at
 once (:mod:`pgpoll.materialize.dest_lease`). ``--format delta`` writes each
 table as a Delta table instead (:mod:`pgpoll.materialize.delta_state`).
+
+A table with a complete snapshot (``pgpoll snapshot``) is materialized on top
+of the latest one (:mod:`pgpoll.materialize.snapshot_merge`): the marker
+records the snapshot id; a newer snapshot rebuilds the table from it and the
+change log, otherwise new changes are applied incrementally, in both cases
+only those the snapshot does not hold.
 """
 
 from __future__ import annotations
@@ -27,7 +33,19 @@ from typing import Any
 from pgpoll.errors import ConfigError, SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.materialize.dest_lease import DestLease
+from pgpoll.materialize.snapshot_input import SnapshotCatalog
+from pgpoll.materialize.snapshot_merge import (
+    RESNAPSHOT_FIX,
+    added_columns_warning,
+    base_frame,
+    predates_warning,
+    resnapshot_command,
+    select_records,
+    snapshot_filter,
+    snapshot_json,
+)
 from pgpoll.materialize.state import StateColumn, StateResult, materialize
+from pgpoll.materialize.visibility import SnapshotFilter
 from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CommitLog, CommitRecord
 from pgpoll.sink.filesystem import OutputFilesystem
@@ -70,6 +88,7 @@ class TableState:
     warnings: list[str] = field(default_factory=list)
     format: str = "parquet"
     version: int | None = None  # the Delta table's version (--format delta)
+    snapshot: dict[str, Any] | None = None  # {"id", "complete", "converged"} of the snapshot the state is built on
 
     def to_json(self) -> str:
         """One line of JSON (``version`` only for Delta)."""
@@ -91,17 +110,19 @@ def _state_columns(described: TableSchema, ledger: Any) -> list[StateColumn]:
     return out
 
 
-def _latest_schema(events: Any, store: SchemaStore, fallback: str | None) -> TableSchema | None:
-    """The shape of the table's newest change; a partial one (a test_decoding DELETE's old key) only
-    when neither a full shape among the changes nor ``fallback`` (the previous state's) is known."""
+def _latest_schema(events: Any, store: SchemaStore, fallback: str | None,
+                   floor: tuple[tuple[int, int], TableSchema] | None = None) -> TableSchema | None:
+    """The shape of the table's newest change (or ``floor``, a snapshot's shape at its position, when newer);
+    a partial one (a test_decoding DELETE's old key) only when neither a full shape among the changes nor
+    ``fallback`` (the previous state's) is known."""
     from pyspark.sql import functions as F
 
     rows = (
         events.where(F.col("_schema_id").isNotNull())
         .groupBy("_schema_id").agg(F.max(F.struct("_commit_lsn", "_seq")).alias("m"))
         .collect()
-    )
-    shapes = [(tuple(r["m"]), store.load(r["_schema_id"])) for r in rows]
+    ) if events is not None else []
+    shapes = [(tuple(r["m"]), store.load(r["_schema_id"])) for r in rows] + ([floor] if floor else [])
     full = [s for s in shapes if not s[1].partial]
     if full:
         return max(full, key=lambda s: s[0])[1]
@@ -172,14 +193,20 @@ class Materializer:
         self.store = SchemaStore(self.fs)
         self.filter = TablePatterns(opts.tables, opts.exclude_tables)
         self.stop: StopRequest | None = None  # checked before each table (SIGINT/SIGTERM: see pgpoll.stopping)
+        self.snapshots = SnapshotCatalog(self.fs)
+        self.high_water: Lsn | None = None
+        self.rebuilt: set[str] = set()  # tables rebuilt on a newer snapshot (a state at the same position is replaced)
 
     def run(self) -> list[TableState]:
         """Materialize every selected table; returns what was done for each."""
-        if not self.fs.exists(self.fs.path(layout.COMMITS)):
+        has_log = self.fs.exists(self.fs.path(layout.COMMITS))
+        snapshotted = self.snapshots.table_dirs()
+        if not has_log and not snapshotted:
             raise SinkError(f"{self.opts.output} holds no pgpoll output (no commit log)",
                             "run pgpoll ingest --typed-tables --output PATH first, or check the path")
-        records = CommitLog(self.fs).records()
-        names = sorted({t for r in records for t in r.tables})
+        records = CommitLog(self.fs).records() if has_log else []
+        self.high_water = max((r.end_lsn for r in records), default=None)
+        names = sorted({t for r in records for t in r.tables} | snapshotted)
         if not names:
             raise SinkError(f"{self.opts.output} has no typed tables",
                             "ingest with --typed-tables (changes written before that are in changes/ only)")
@@ -224,15 +251,34 @@ class Materializer:
     def _table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
         qualified = f"{parsed[0]}.{parsed[1]}"
         target = self.dest.path(name)
+        snap = self.snapshots.latest(*parsed)
         marker = self._read_marker(name)
+        if snap is not None and (marker is None or marker.get("snapshot_id") != snap.snapshot_id):
+            log.info("%s: building on snapshot %s", qualified, snap.snapshot_id)
+            marker = None  # a newer snapshot: rebuild the table from it and the change log
+            self.rebuilt.add(name)
+        snapshot_info = snapshot_json(snap, self.high_water)
         position = Lsn.parse(marker["position"]) if marker else None
         todo = [r for r in records if position is None or r.end_lsn > position]
         if marker and not todo:
-            return TableState(qualified, target, int(marker.get("rows", 0)), marker["position"], "unchanged")
+            return TableState(qualified, target, int(marker.get("rows", 0)), marker["position"], "unchanged",
+                              snapshot=snapshot_info)
+        shape = snap.shape if snap is not None else None
+        if shape is not None and marker is None:
+            self.store.save({shape.schema_id: shape.to_json()})  # the state's marker may name it
+        rule: SnapshotFilter | None = None
+        read = todo
+        if snap is not None and shape is not None:
+            rule = snapshot_filter(snap, shape, _state_columns(shape, load_ledger(self.fs, *parsed)))
+            read = select_records(todo, snap, rule)
         # a record that names the table wrote its partition there (records without one have no tables)
-        partitions = [self.fs.path(layout.TABLES, name, r.partition) for r in todo if r.partition is not None]
-        events = self.spark.read.option("mergeSchema", "true").parquet(*partitions) if todo else None
-        described = _latest_schema(events, self.store, marker["schema_id"] if marker else None) if events is not None else None
+        partitions = [self.fs.path(layout.TABLES, name, r.partition) for r in read if r.partition is not None]
+        events = self.spark.read.option("mergeSchema", "true").parquet(*partitions) if partitions else None
+        if events is not None and rule is not None and "_xid" not in events.columns:
+            raise SinkError(f"{qualified}: the typed changes after snapshot {snap.snapshot_id} have no _xid column "  # type: ignore[union-attr]
+                            "(written by an older pgpoll ingest)", RESNAPSHOT_FIX)
+        floor = ((snap.plan_lsn, -1), shape) if snap is not None and shape is not None and marker is None else None
+        described = _latest_schema(events, self.store, marker["schema_id"] if marker else None, floor)
         if described is None and marker is not None:
             described = self.store.load(marker["schema_id"])
         if described is None:
@@ -242,36 +288,52 @@ class Materializer:
         if not described.key:
             warnings.append(
                 f"{qualified} has no replica identity key: its UPDATEs and DELETEs cannot be matched to rows; "
-                f"fix: ALTER TABLE {qualified} ADD PRIMARY KEY (...) or REPLICA IDENTITY FULL, then re-snapshot"
+                f"fix: ALTER TABLE {qualified} ADD PRIMARY KEY (...) or REPLICA IDENTITY FULL, then run "
+                f"{resnapshot_command(qualified)}"
             )
+        earlier = shape if marker is None else self.store.load(marker["schema_id"])
+        added = added_columns_warning(earlier, described, qualified)
+        warnings += [added] if added else []
         ledger = load_ledger(self.fs, *parsed)
         columns = _state_columns(described, ledger)
         renamed = {c.name: s.name for c, s in zip(described.columns, columns, strict=True)}
         key = [renamed.get(k, k) for k in key]
-        previous = _align(self._read_previous(name), columns) if marker else None
+        if snap is not None:
+            rule = snapshot_filter(snap, described, columns)
+            previous = _align(self._read_previous(name), columns) if marker else base_frame(self.spark, snap, described, columns)
+        else:
+            previous = _align(self._read_previous(name), columns) if marker else None
+            if marker is None and key:
+                found = predates_warning(events, {c.name: c.physical[0] for c in columns if c.name in key and c.physical},
+                                         qualified)
+                warnings += [found] if found else []
         segments = _identity_segments(events, self.store) if events is not None else []
         if events is not None and len(segments) > 1:
             # the table's replica identity changed: replay each stretch the way it was written
             unresolved = 0
-            for i, (start, shape) in enumerate(segments):
+            for i, (start, shape_i) in enumerate(segments):
                 stretch = _from(events, start) if i else events
                 if i + 1 < len(segments):
                     stretch = stretch.where(~_from_condition(segments[i + 1][0]))
-                part = materialize(stretch, previous, columns, [renamed.get(k, k) for k in _replay_key(shape)])
+                part = materialize(stretch, previous, columns, [renamed.get(k, k) for k in _replay_key(shape_i)], rule)
                 previous, unresolved = part.frame.localCheckpoint(), unresolved + part.unresolved_toast
             result = StateResult(previous, unresolved)
         else:
-            result = materialize(events, previous, columns, key)
+            result = materialize(events, previous, columns, key, rule)
         if result.unresolved_toast:
             warnings.append(
                 f"{qualified}: {result.unresolved_toast} row(s) keep an unchanged TOAST value that predates the captured "
-                "history (left null); fix: re-snapshot the table"
+                f"history (left null); fix: run {resnapshot_command(qualified)}"
             )
         for w in warnings:
             log.warning("%s", w)
-        end = (todo[-1] if todo else records[-1]).end if records else marker["position"]  # type: ignore[index]
-        rows = self._write(name, result.frame, {"position": end, "schema_id": described.schema_id, "table": qualified}, key)
-        return TableState(qualified, target, rows, end, "incremental" if marker else "full", len(todo), warnings)
+        end = (todo[-1] if todo else records[-1]).end if records else (marker["position"] if marker else "0/0")
+        meta: dict[str, Any] = {"position": end, "schema_id": described.schema_id, "table": qualified}
+        if snap is not None:
+            meta["snapshot_id"] = snap.snapshot_id
+        rows = self._write(name, result.frame, meta, key)
+        return TableState(qualified, target, rows, end, "incremental" if marker else "full", len(read), warnings,
+                          snapshot=snapshot_info)
 
     def _read_previous(self, name: str) -> Any:
         """The previous state of one table as a Spark frame."""

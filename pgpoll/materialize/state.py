@@ -26,6 +26,12 @@ rows are kept as many times as the source holds them.
 
 A TRUNCATE empties the table as of its position: the previous state and
 every earlier change are dropped.
+
+On top of a snapshot (:mod:`pgpoll.materialize.visibility`), ``previous`` is
+the snapshot's rows (or a state built on it) and only changes invisible to
+the snapshot of their key's chunk are facts; a TRUNCATE empties only the
+chunks it is invisible to. Unchanged TOAST values are then filled from the
+snapshot's row, which is a fact like any other.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pgpoll.errors import SinkError
+from pgpoll.materialize.visibility import Position, SnapshotFilter, position_struct
 from pgpoll.typed.mapping import PgType, spark_ddl
 from pgpoll.typed.rows import quote
 
@@ -79,22 +87,33 @@ def _frame_columns(frame: Any) -> set[str]:
 
 
 def materialize(
-    events: Any | None, previous: Any | None, columns: Sequence[StateColumn], key: Sequence[str]
+    events: Any | None, previous: Any | None, columns: Sequence[StateColumn], key: Sequence[str],
+    snapshot: SnapshotFilter | None = None,
 ) -> StateResult:
     """The new state from ``previous`` (a state frame, or None) and ``events`` (typed changes, or None).
 
     ``key`` names the identity columns; empty (REPLICA IDENTITY FULL, or
-    no key) means the table is treated as a multiset.
+    no key) means the table is treated as a multiset. With ``snapshot``,
+    ``events`` carry ``_xid`` and only changes invisible to the snapshot
+    (of their key's chunk) are applied (see the module docstring).
     """
     from pyspark.sql import functions as F
 
     multiset = not key
+    placed: tuple[SnapshotFilter, list[Position | None]] | None = None
     if events is not None:
-        last_truncate = events.where(F.col("_op") == "T").agg(F.max(F.struct("_commit_lsn", "_seq"))).first()[0]
-        if last_truncate is not None:
-            previous = None
-            lsn, seq = last_truncate
-            events = events.where((F.col("_commit_lsn") > lsn) | ((F.col("_commit_lsn") == lsn) & (F.col("_seq") > seq)))
+        if snapshot is not None and snapshot.shared:
+            events = events.where(~F.coalesce(snapshot.visible(F.lit(0), F.col("_xid")), F.lit(False)))
+        if snapshot is None or snapshot.shared:
+            last_truncate = events.where(F.col("_op") == "T").agg(F.max(F.struct("_commit_lsn", "_seq"))).first()[0]
+            if last_truncate is not None:
+                previous = None
+                lsn, seq = last_truncate
+                events = events.where((F.col("_commit_lsn") > lsn) | ((F.col("_commit_lsn") == lsn) & (F.col("_seq") > seq)))
+        else:
+            truncates = [(int(r[0]), int(r[1]), None if r[2] is None else int(r[2]))
+                         for r in events.where(F.col("_op") == "T").select("_commit_lsn", "_seq", "_xid").collect()]
+            placed = (snapshot, snapshot.cutoffs(truncates))
         events = events.where(F.col("_op").isin("I", "U", "D"))
     if events is None:
         if previous is None:
@@ -112,8 +131,26 @@ def materialize(
         )
     )
     if multiset:
-        return StateResult(_multiset(events, previous, columns, row, old, untyped_main, old_untyped))
-    return _keyed(events, previous, columns, list(key), row, old, untyped_main, have)
+        return StateResult(_multiset(events, previous, columns, row, old, untyped_main, old_untyped, placed))
+    return _keyed(events, previous, columns, list(key), row, old, untyped_main, have, placed)
+
+
+def _xid(events: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return (F.col("_xid") if "_xid" in events.columns else F.lit(None)).cast("bigint").alias("__pgpoll_x")
+
+
+def _place(facts: Any, placed: tuple[SnapshotFilter, list[Position | None]] | None, field: Any) -> Any:
+    """Only the facts the snapshot does not hold yet (``field(name)``: a key column of the fact)."""
+    from pyspark.sql import functions as F
+
+    if placed is None:
+        return facts.drop("__pgpoll_x")
+    snap, cutoffs = placed
+    facts = facts.withColumn("__pgpoll_c", snap.chunk_of(field))
+    return facts.where(snap.keep(F.col("__pgpoll_c"), F.col("__pgpoll_x"), position_struct(), cutoffs)).drop(
+        "__pgpoll_c", "__pgpoll_x")
 
 
 def _sortable(untyped: Any) -> Any:
@@ -123,7 +160,7 @@ def _sortable(untyped: Any) -> Any:
 
 
 def _multiset(events: Any, previous: Any | None, columns: Sequence[StateColumn], row: list[Any], old: list[Any],
-              untyped_main: Any, old_untyped: Any) -> Any:
+              untyped_main: Any, old_untyped: Any, placed: tuple[SnapshotFilter, list[Position | None]] | None) -> Any:
     from pyspark.sql import functions as F
 
     names = [c.name for c in columns]
@@ -133,19 +170,23 @@ def _multiset(events: Any, previous: Any | None, columns: Sequence[StateColumn],
         .alias(c.name)
         for c, r, o in zip(columns, row, old, strict=True)
     ]
+    meta = ["_commit_lsn", "_seq", "_commit_ts", _xid(events)]
     plus = events.where(F.col("_op").isin("I", "U")).select(
-        *new_values, _sortable(untyped_main).alias("__pgpoll_u"), F.lit(1).alias("__pgpoll_n"), "_commit_lsn", "_commit_ts")
+        *new_values, _sortable(untyped_main).alias("__pgpoll_u"), F.lit(1).alias("__pgpoll_n"), *meta)
     minus_updates = events.where((F.col("_op") == "U") & F.col("_before").isNotNull()).select(
-        *old, _sortable(old_untyped).alias("__pgpoll_u"), F.lit(-1).alias("__pgpoll_n"), "_commit_lsn", "_commit_ts")
+        *old, _sortable(old_untyped).alias("__pgpoll_u"), F.lit(-1).alias("__pgpoll_n"), *meta)
     minus_deletes = events.where(F.col("_op") == "D").select(
-        *row, _sortable(untyped_main).alias("__pgpoll_u"), F.lit(-1).alias("__pgpoll_n"), "_commit_lsn", "_commit_ts")
+        *row, _sortable(untyped_main).alias("__pgpoll_u"), F.lit(-1).alias("__pgpoll_n"), *meta)
     facts = plus.unionByName(minus_updates).unionByName(minus_deletes)
     if previous is not None:
         facts = facts.unionByName(previous.select(
             *[F.col(quote(n)) for n in names], _sortable(F.col("_untyped")).alias("__pgpoll_u"), F.lit(1).alias("__pgpoll_n"),
-            "_commit_lsn", "_commit_ts"))
+            F.coalesce(F.col("_commit_lsn"), F.lit(-1).cast("bigint")).alias("_commit_lsn"), F.lit(-1).alias("_seq"),
+            "_commit_ts", F.lit(None).cast("bigint").alias("__pgpoll_x")))
+    facts = _place(facts, placed, lambda k: F.col(quote(k)))
     counted = facts.groupBy(*[F.col(quote(n)) for n in names], "__pgpoll_u").agg(
-        F.sum("__pgpoll_n").alias("__pgpoll_count"), F.max("_commit_lsn").alias("_commit_lsn"),
+        F.sum("__pgpoll_n").alias("__pgpoll_count"),
+        F.max(F.when(F.col("_commit_lsn") >= 0, F.col("_commit_lsn"))).alias("_commit_lsn"),
         F.max("_commit_ts").alias("_commit_ts"))
     kept = counted.where(F.col("__pgpoll_count") > 0).withColumn(
         "__pgpoll_copy", F.explode(F.array_repeat(F.lit(1), F.col("__pgpoll_count").cast("int"))))
@@ -154,13 +195,17 @@ def _multiset(events: Any, previous: Any | None, columns: Sequence[StateColumn],
 
 
 def _keyed(events: Any, previous: Any | None, columns: Sequence[StateColumn], key: list[str], row: list[Any],
-           old: list[Any], untyped_main: Any, have: set[str]) -> StateResult:
+           old: list[Any], untyped_main: Any, have: set[str],
+           placed: tuple[SnapshotFilter, list[Position | None]] | None) -> StateResult:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     names = [c.name for c in columns]
+    if placed is not None and not set(placed[0].key) <= set(key):
+        raise SinkError(f"the snapshot's chunks follow ({', '.join(placed[0].key)}), not the key changes are matched by "
+                        f"({', '.join(key)})", "run `pgpoll snapshot` again for the table (its replica identity changed)")
     ev = events.select(
-        "_op", "_commit_lsn", "_seq", "_commit_ts",
+        "_op", "_commit_lsn", "_seq", "_commit_ts", _xid(events),
         F.coalesce("_unchanged_toast", F.array().cast("array<string>")).alias("__pgpoll_toast"),
         F.struct(*row).alias("__pgpoll_new"), F.struct(*old).alias("__pgpoll_old"),
         F.col("_before").isNotNull().alias("__pgpoll_has_old"),
@@ -180,7 +225,7 @@ def _keyed(events: Any, previous: Any | None, columns: Sequence[StateColumn], ke
     rows = ev.where(F.col("_op").isin("I", "U")).select(
         F.col("__pgpoll_nk").alias("__pgpoll_k"), "_commit_lsn", "_seq", F.lit(1).alias("__pgpoll_sub"),
         F.lit(True).alias("__pgpoll_alive"), *values,
-        "__pgpoll_toast", "__pgpoll_u", "_commit_ts",
+        "__pgpoll_toast", "__pgpoll_u", "_commit_ts", "__pgpoll_x",
         F.when((F.col("_op") == "U") & (~F.col("__pgpoll_ok").eqNullSafe(F.col("__pgpoll_nk"))), F.col("__pgpoll_ok"))
         .alias("__pgpoll_src"),
     )
@@ -190,7 +235,7 @@ def _keyed(events: Any, previous: Any | None, columns: Sequence[StateColumn], ke
         F.col("__pgpoll_ok").alias("__pgpoll_k"), "_commit_lsn", "_seq", F.lit(0).alias("__pgpoll_sub"),
         F.lit(False).alias("__pgpoll_alive"), *gone,
         F.array().cast("array<string>").alias("__pgpoll_toast"), F.lit(None).cast("map<string,string>").alias("__pgpoll_u"),
-        "_commit_ts", F.lit(None).cast(ev.schema["__pgpoll_nk"].dataType).alias("__pgpoll_src"),
+        "_commit_ts", "__pgpoll_x", F.lit(None).cast(ev.schema["__pgpoll_nk"].dataType).alias("__pgpoll_src"),
     )
     facts = rows.unionByName(moved_away)
     if previous is not None:
@@ -202,8 +247,10 @@ def _keyed(events: Any, previous: Any | None, columns: Sequence[StateColumn], ke
             F.lit(1).alias("__pgpoll_sub"),
             F.lit(True).alias("__pgpoll_alive"), *[F.col(quote(n)) for n in names],
             F.array().cast("array<string>").alias("__pgpoll_toast"), F.col("_untyped").alias("__pgpoll_u"), "_commit_ts",
+            F.lit(None).cast("bigint").alias("__pgpoll_x"),
             F.lit(None).cast(ev.schema["__pgpoll_nk"].dataType).alias("__pgpoll_src"),
         ))
+    facts = _place(facts, placed, lambda k: F.col("__pgpoll_k." + quote(k)))
     toasted = [r[0] for r in events.select(F.explode("_unchanged_toast")).distinct().collect()]
     toasted = [n for n in names if n in toasted]
     unresolved = 0

@@ -17,6 +17,14 @@ part keeps letters, digits, ``_`` and ``-`` and writes any other character
 as ``%XX`` (its UTF-8 bytes), so a name with dots, slashes or glob
 characters maps to one safe directory and back; a leading ``_`` of the schema
 part is written as ``%5F`` too, so the directory is never hidden.
+
+``pgpoll snapshot`` writes ``PATH/snapshots/<snapshot_id>/<schema>.<table>/chunk=<n>/``
+(data; attempts under ``_attempts/`` beside the chunks) and
+``PATH/_pgpoll/snapshots/<snapshot_id>/`` (``plan.json``, one
+``<schema>.<table>/chunk-<n>.json`` manifest per finished chunk,
+``complete.json``); each table it reads is guarded by a lease
+``PATH/_pgpoll/leases/snapshot-<schema>.<table>.json``
+(:mod:`pgpoll.sink.snapshot_store`). Ingest's recovery never looks there.
 """
 
 from __future__ import annotations
@@ -39,6 +47,12 @@ LEASE = f"{META}/lease.json"
 PLAN_SUFFIX = ".plan.json"
 TABLES_SUFFIX = "-tables"
 REJECTS = f"{META}/rejects"
+SNAPSHOTS = "snapshots"
+SNAPSHOT_META = f"{META}/snapshots"
+SNAPSHOT_LEASES = f"{META}/leases"
+SNAPSHOT_PLAN = "plan.json"
+SNAPSHOT_COMPLETE = "complete.json"
+SNAPSHOT_ATTEMPTS = "_attempts"
 
 _PARTITION = re.compile(r"^lsn_range=([0-9A-F]{16})-([0-9A-F]{16})$")
 

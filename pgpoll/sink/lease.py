@@ -9,6 +9,11 @@ expires after ``ttl`` (60 s by default) — at once for a run on the same host
 whose process is gone (the lease records host and PID), so a rerun right
 after a crash or a SIGKILL is not refused.
 
+The same mechanism guards other things with their own file: ``path`` (relative
+to the output) and ``what`` (how a busy message names the other run) default to
+the ingest lease; ``pgpoll snapshot`` takes one lease per table it reads
+(:mod:`pgpoll.sink.snapshot_store`).
+
 The lease is only the fast path. Two runs can both believe they hold it
 (a stalled run whose lease expired, clocks that disagree, a store without
 atomic create); correctness rests on the commit log's compare-and-set
@@ -94,6 +99,7 @@ class Lease:
     def __init__(
         self, fs: OutputFs, *, run: str, slot: str, ttl: float = TTL_SECONDS,
         clock: Callable[[], float] = time.time, enabled: bool | None = None,
+        path: str = layout.LEASE, what: str = "ingest run", holds: str = "the output",
     ) -> None:
         self.fs = fs
         self.run = run
@@ -101,7 +107,9 @@ class Lease:
         self.ttl = ttl
         self.clock = clock
         self.enabled = (not lease_disabled()) if enabled is None else enabled
-        self.path = fs.path(layout.LEASE)
+        self.path = fs.path(path)
+        self.what = what
+        self.holds = holds
         self.held = False
 
     def holder(self) -> LeaseHolder | None:
@@ -116,7 +124,7 @@ class Lease:
     def _busy(self, other: LeaseHolder) -> SlotBusyError:
         left = max(0.0, other.expires_at - self.clock())
         return SlotBusyError(
-            f'another ingest run ({other.run}, slot "{other.slot}") holds the output {self.fs.root} '
+            f'another {self.what} ({other.run}, slot "{other.slot}") holds {self.holds} {self.fs.root} '
             f"(its lease expires in {left:.0f} s)",
             f"wait for it to finish; if it died, rerun after {left:.0f} s",
         )
@@ -137,7 +145,7 @@ class Lease:
         """Take the lease; :class:`SlotBusyError` at once when another run's lease has not expired."""
         if not self.enabled:
             return
-        self.fs.mkdirs(self.fs.path(layout.META))
+        self.fs.mkdirs(self.path.rsplit("/", 1)[0])
         current = self.holder()
         self._check_free(current)
         if current is None and self.fs.create_exclusive(self.path, self._mine().to_json()):
@@ -152,7 +160,7 @@ class Lease:
         if confirmed is None or confirmed.run != self.run:
             if confirmed is not None:
                 raise self._busy(confirmed)
-            raise SlotBusyError("another ingest run is taking the output's lease", "rerun in a minute")
+            raise SlotBusyError(f"another {self.what} is taking the lease of {self.holds}", "rerun in a minute")
         self.held = True
 
     def renew(self) -> None:

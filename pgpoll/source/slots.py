@@ -14,7 +14,10 @@ changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import contextlib
+import itertools
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,6 +264,11 @@ def peek_options(plugin: str, *, publications: list[str] | None = None, proto_ve
     return ["include-xids", "1", "include-timestamp", "1"]
 
 
+#: A full (64-bit) transaction id, read after the peek's result is built, to widen its ids against
+#: (see :func:`peek_rows`).
+_XID_REFERENCE = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text"
+
+
 def peek_rows(
     conn: Any,
     name: str,
@@ -271,6 +279,7 @@ def peek_rows(
     options: list[str],
     itersize: int = 10000,
     raw_text: bool = False,
+    on_xid_reference: Callable[[int], None] | None = None,
 ) -> Generator[tuple[Lsn, int | None, Any], None, None]:
     """Stream ``(lsn, xid, data)`` rows of a peek through a server-side cursor.
 
@@ -280,6 +289,17 @@ def peek_rows(
     The peek and its server-side cursor run in one transaction with the
     pinned settings; the connection is left idle in its old autocommit mode,
     also when the caller stops early.
+
+    ``xid`` is the row's 32-bit transaction id, as the plugins print it.
+    ``on_xid_reference``, when given, is called once, before the first row,
+    with ``pg_snapshot_xmax(pg_current_snapshot())`` (a full 64-bit id) read
+    in the same transaction *after* the server built the peek's whole result
+    (the first fetch decodes everything): the transactions the peek shows
+    committed are below it (or, when their commit was flushed but not yet
+    finished — a synchronous standby's wait — just above it), so the full id
+    nearest it is theirs (:func:`pgpoll.xids.widen_xid`). The transaction runs
+    READ COMMITTED whatever the connection's default, so the snapshot is the
+    statement's own and not one taken before the peek.
     """
     func = "pg_logical_slot_peek_binary_changes" if plugin in BINARY_PLUGINS else "pg_logical_slot_peek_changes"
     placeholders = ", ".join(["%s"] * len(options))
@@ -290,13 +310,38 @@ def peek_rows(
     )
     params: list[Any] = [name, str(upto_lsn) if upto_lsn is not None else None, upto_nchanges, *options]
     try:
-        with pinned_transaction(conn) as _pinned, conn.cursor(name="pgpoll_peek") as cur:
+        with _read_committed(conn if on_xid_reference is not None else None), \
+                pinned_transaction(conn) as pinned, conn.cursor(name="pgpoll_peek") as cur:
             cur.itersize = itersize
             if raw_text:
                 psycopg2.extensions.register_type(psycopg2.extensions.BYTES, cur)
             cur.execute(query, params)
-            for lsn_text, xid, data in cur:
+            first = cur.fetchmany(itersize)  # the server decodes the whole peek here
+            if on_xid_reference is not None:
+                pinned.execute(_XID_REFERENCE)
+                on_xid_reference(int(pinned.fetchone()[0]))
+            for lsn_text, xid, data in itertools.chain(first, cur):
                 hi, _, lo = lsn_text.partition("/")
                 yield _make_lsn(Lsn, (int(hi, 16) << 32) | int(lo, 16)), xid, data
     except psycopg2.Error as exc:
         raise translate(exc, slot=name) from None
+
+
+@contextmanager
+def _read_committed(conn: Any) -> Iterator[None]:
+    """Begin the next transaction on ``conn`` (when idle) READ COMMITTED; restore the old level after.
+
+    psycopg2 sends the level with its ``BEGIN``: no session state, so a
+    transaction pooler changes nothing. ``None``: nothing to do.
+    """
+    if conn is None or conn.get_transaction_status() != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+        yield
+        return
+    old = conn.isolation_level
+    conn.isolation_level = psycopg2.extensions.ISOLATION_LEVEL_READ_COMMITTED
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            with contextlib.suppress(psycopg2.Error):
+                conn.isolation_level = old

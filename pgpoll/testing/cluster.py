@@ -260,6 +260,34 @@ class ThrowawayCluster:
         shutil.rmtree(self.root, ignore_errors=True)
         self.root = None
 
+    def standby(self) -> ThrowawayCluster:
+        """A started hot standby of this running cluster, on its own port and directory.
+
+        ``pg_basebackup -R`` copies the data directory over a replication connection
+        (initdb's pg_hba already allows one from 127.0.0.1 with the password) and
+        writes ``primary_conninfo`` and ``standby.signal``; the copy's port and socket
+        directory are then overridden. The standby streams from this cluster without
+        a slot; stop it (before or after this one) with its own :meth:`stop`.
+        """
+        assert self.root is not None, "cluster not started"
+        replica = ThrowawayCluster(self.installation, dict(self.settings), self.superuser, self.password)
+        replica.root = Path(tempfile.mkdtemp(prefix=f"pgpoll-pg{self.major}-standby-"))
+        try:
+            ids = server_uid_gid()
+            if ids:
+                os.chown(replica.root, *ids)
+            replica._run("pg_basebackup", "-d", self.dsn(), "-D", str(replica.datadir), "-R",
+                         "-X", "stream", "-c", "fast", "--no-sync")
+            replica.port = free_port()
+            with open(replica.datadir / "postgresql.auto.conf", "a") as fh:  # later lines win
+                fh.write(f"port = {replica.port}\nunix_socket_directories = '{replica.root}'\nhot_standby = on\n")
+            replica.start_server()
+            replica.plugins = self.plugins
+        except BaseException:
+            replica.stop()
+            raise
+        return replica
+
     def dsn(self, dbname: str = "postgres", user: str | None = None, password: str | None = None) -> str:
         """A libpq URI for ``dbname`` (as the superuser unless ``user`` is given)."""
         user = user or self.superuser

@@ -9,6 +9,7 @@ A typed change row holds the table's own columns, typed by
 ``_commit_lsn`` bigint                      LSN of the transaction's commit
 ``_seq``       int                          position in the transaction
 ``_commit_ts`` timestamp (UTC)              commit time
+``_xid``       bigint                       the transaction's full 64-bit id (as ``pg_current_xact_id()``)
 ``_unchanged_toast`` array<string>          columns whose unchanged TOASTed value was not sent (null here)
 ``_before``    struct<the table's columns>  UPDATE: the old key or old row when the stream sent one
 ``_untyped``   map<string,string>           exact text of values the typed column cannot hold
@@ -23,7 +24,9 @@ Spark type stays the same; a type change writes the column from then on as
 name); a name equal to a meta column or equal to another ignoring case (Spark
 is case-insensitive) gets a suffix too. The ledger is what makes the same
 column land in the same place in every batch, so ``mergeSchema`` reads all
-partitions.
+partitions. ``_xid`` joined the meta columns later: a ledger written before
+that with a column stored as ``_xid`` is refused (:class:`SinkError`) rather
+than mixed up with it.
 
 Pure: no I/O.
 """
@@ -36,11 +39,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from pgpoll.errors import SinkError
 from pgpoll.typed.conversions import to_arrow
 from pgpoll.typed.mapping import PgType, arrow_type, spark_ddl, type_tag
 from pgpoll.typed.schemas import TableSchema
 
-META_COLUMNS = ("_op", "_commit_lsn", "_seq", "_commit_ts", "_unchanged_toast", "_before", "_untyped", "_schema_id")
+META_COLUMNS = (
+    "_op", "_commit_lsn", "_seq", "_commit_ts", "_xid", "_unchanged_toast", "_before", "_untyped", "_schema_id",
+)
+_META_LOWER = frozenset(m.lower() for m in META_COLUMNS)
 _TS = pa.timestamp("us", tz="UTC")
 
 
@@ -82,7 +89,7 @@ class ColumnLedger:
         for e in self.entries:
             if e.name == name and e.ddl == ddl:
                 return e.physical
-        taken = {e.physical.lower() for e in self.entries} | {m.lower() for m in META_COLUMNS}
+        taken = {e.physical.lower() for e in self.entries} | _META_LOWER
         first_type = next((e for e in self.entries if e.name == name), None)
         base = candidate = name if first_type is None else f"{name}__{type_tag(t)}"
         n = 1
@@ -111,7 +118,17 @@ class TypedLayout:
         by columns added later, which ``mergeSchema`` handles.
         """
         physical: dict[str, dict[str, str]] = {}
-        for described in schemas:
+        shapes = list(schemas)
+        clash = next((e for e in ledger.entries if e.physical.lower() in _META_LOWER), None)
+        if clash is not None:
+            where = f"{shapes[0].schema}.{shapes[0].table}" if shapes else "a table"
+            raise SinkError(
+                f'typed table {where} stores its column "{clash.name}" as "{clash.physical}", now the name of '
+                "a pgpoll meta column (written before pgpoll added it)",
+                "write this table's typed changes to a new output, or move its typed files and column ledger "
+                "(_pgpoll/tables/) aside and re-snapshot the table",
+            )
+        for described in shapes:
             names = physical.setdefault(described.schema_id, {})
             for c in described.columns:
                 names[c.name] = ledger.physical(c.name, c.type)
@@ -126,6 +143,7 @@ class TypedLayout:
             pa.field("_commit_lsn", pa.int64()),
             pa.field("_seq", pa.int32()),
             pa.field("_commit_ts", _TS),
+            pa.field("_xid", pa.int64()),
             pa.field("_unchanged_toast", pa.list_(pa.string())),
             pa.field("_before", pa.struct(own) if own else pa.struct([pa.field("_none", pa.int8())])),
             pa.field("_untyped", pa.map_(pa.string(), pa.string())),
@@ -137,7 +155,7 @@ class TypedLayout:
         own = [f"{quote(p)}: {spark_ddl(t)}" for p, _n, t in self.columns]
         before = ", ".join(own) if own else "`_none`: tinyint"
         cols = [o.replace(": ", " ", 1) for o in own] + [
-            "`_op` string", "`_commit_lsn` bigint", "`_seq` int", "`_commit_ts` timestamp",
+            "`_op` string", "`_commit_lsn` bigint", "`_seq` int", "`_commit_ts` timestamp", "`_xid` bigint",
             "`_unchanged_toast` array<string>", f"`_before` struct<{before}>", "`_untyped` map<string,string>",
             "`_schema_id` string",
         ]
@@ -201,6 +219,7 @@ def assemble_typed_batch(
         passed("commit_lsn", "_commit_lsn"),
         passed("seq", "_seq"),
         passed("commit_ts", "_commit_ts"),
+        passed("xid", "_xid"),
         passed("unchanged_toast", "_unchanged_toast"),
         before,
         untyped,

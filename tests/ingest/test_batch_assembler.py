@@ -159,3 +159,104 @@ def test_fast_path_rows_are_written_like_the_same_changes_as_events() -> None:
         outputs.append(table.to_pylist())
     assert outputs[0] == outputs[1] and len(outputs[0]) == 5
     assert outputs[0][0]["unchanged_toast"] == ["big"] and dict(outputs[0][1]["before"]) == {"a": "1", "c": "2"}
+
+
+# ---- full 64-bit transaction ids ------------------------------------------------------
+
+EPOCH = 1 << 32
+#: a reference just past a wraparound (epoch 8): 32-bit ids above 5 belong to epoch 7
+REFERENCE = 8 * EPOCH + 5
+
+
+@pytest.mark.parametrize("rows_per_batch", [2, 1000])
+def test_committed_ids_are_widened_across_the_epoch_boundary_spilled_or_not(rows_per_batch: int) -> None:
+    events = _txn(0xFFFFFFF0, [_row(i) for i in range(5)], 100) + _txn(3, [_row(9)], 200)
+    asm = BatchAssembler(high_water_mark=None, accepts=lambda s, t: True, rows_per_batch=rows_per_batch)
+    asm.set_xid_reference(REFERENCE)
+    batches: list[pa.RecordBatch] = []
+    for event in events:
+        if isinstance(event, Begin):
+            asm.begin(event.xid, event.commit_ts)
+        elif isinstance(event, Commit):
+            batches += asm.commit(event.lsn, event.xid, event.commit_ts)
+        else:
+            batches += asm.row_change(event, event.lsn)
+    batches += asm.finish()
+    rows = pa.Table.from_batches(batches).to_pylist()
+    assert [r["xid"] for r in rows] == [7 * EPOCH + 0xFFFFFFF0] * 5 + [8 * EPOCH + 3]
+    assert (asm.xid_min, asm.xid_max) == (7 * EPOCH + 0xFFFFFFF0, 8 * EPOCH + 3)
+
+
+def test_without_a_reference_ids_stay_as_given() -> None:
+    rows, asm = _run(_txn(42, [_row(1)], 100))
+    assert [r["xid"] for r in rows] == [42] and (asm.xid_min, asm.xid_max) == (42, 42)
+
+
+def test_xid_range_covers_empty_transactions_past_the_high_water_mark_only() -> None:
+    events = (_txn(10, [_row(1)], 100)
+              + _txn(11, [LogicalMessage(True, HEARTBEAT_PREFIX, b"{}", lsn=250)], 300)  # heartbeat: no rows
+              + [LogicalMessage(False, "nt", b"x", lsn=350)]  # no transaction, no id
+              + _txn(12, [_row(2, table="skip")], 400)  # a filtered table: no rows
+              + [Begin(xid=13, lsn=450), _row(3)])  # unfinished: not covered
+    rows, asm = _run(events, hwm=100, accepts=lambda s, t: t != "skip")
+    assert [r["xid"] for r in rows] == [None]  # only the non-transactional message is written
+    assert (asm.xid_min, asm.xid_max) == (11, 12)
+    heartbeat_only, asm = _run(_txn(20, [LogicalMessage(True, HEARTBEAT_PREFIX, b"{}", lsn=550)], 600))
+    assert heartbeat_only == [] and (asm.xid_min, asm.xid_max) == (20, 20) and asm.advance_to == 600
+    _rows, nothing = _run([LogicalMessage(False, HEARTBEAT_PREFIX, b"{}", lsn=700)])
+    assert (nothing.xid_min, nothing.xid_max) == (None, None)
+
+
+def test_an_id_just_above_the_reference_is_placed_after_it() -> None:
+    # a commit flushed (so decoded) but still running when the reference was read: the nearest full id
+    asm = BatchAssembler(high_water_mark=None, accepts=lambda s, t: True)
+    asm.set_xid_reference(REFERENCE)
+    assert asm.full_xid(9) == 8 * EPOCH + 9  # 4 above: not a whole epoch back
+    assert asm.full_xid(0xFFFFFFFE) == 7 * EPOCH + 0xFFFFFFFE  # 7 below, across the boundary
+    asm.set_xid_reference(0xFFFFFFFD)
+    assert asm.full_xid(2) == EPOCH + 2  # 5 above, across the boundary
+
+
+def test_an_id_the_reference_cannot_widen_is_a_source_error() -> None:
+    from pgpoll.errors import SourceError
+
+    asm = BatchAssembler(high_water_mark=None, accepts=lambda s, t: True)
+    asm.set_xid_reference(100)  # epoch 0: an id more than 2^31 above has no full id within 2^31 of it
+    asm.begin(0xFFFFFF00, TS)
+    with pytest.raises(SourceError, match="cannot be widened"):
+        list(asm.commit(1000, 0xFFFFFF00, TS))
+
+
+def _pgoutput_frame(xid: int, body: list[bytes]) -> list[bytes]:
+    import struct
+
+    micros = 100
+    begin = b"B" + struct.pack("!QqI", 0x3000, micros, xid)
+    commit = b"C" + struct.pack("!BQQq", 0, 0x3000, 0x3100, micros)
+    return [begin, *body, commit]
+
+
+@pytest.mark.parametrize("plugin", ["pgoutput", "test_decoding"])
+def test_both_plugins_framing_and_fast_path_store_the_full_id(plugin: str) -> None:
+    """The task's own loop (fast path first, events otherwise): pgoutput's Begin and test_decoding's BEGIN line."""
+    from pgpoll.ingest.task import _dispatch
+
+    xid = 0xFFFFFFF0
+    decode = make_decoder(plugin, 1)
+    if plugin == "pgoutput":
+        data: list[Any] = [relation(), *_pgoutput_frame(xid, [insert("1", "a"), update(["1", "b"])])]
+    else:
+        data = [f"BEGIN {xid}", "table public.t: INSERT: id[integer]:1 v[text]:'a'",
+                f"COMMIT {xid} (at 2026-11-22 01:02:03.456789+00)"]
+    asm = BatchAssembler(high_water_mark=None, accepts=lambda s, t: True, type_names=decode.type_names)
+    asm.set_xid_reference(REFERENCE)
+    batches: list[pa.RecordBatch] = []
+    for lsn, row in enumerate(data, start=0x3000):
+        fields = decode.fast_row(row) if decode.fast_row is not None else None
+        if fields is not None:
+            batches += asm.row_fields(fields, lsn)
+        else:
+            batches += _dispatch(asm, decode(row, lsn, xid), lsn)
+    batches += asm.finish()
+    rows = pa.Table.from_batches(batches).to_pylist()
+    assert rows and {r["xid"] for r in rows} == {7 * EPOCH + xid}

@@ -87,6 +87,8 @@ def test_the_dag_folder_loads_with_no_import_errors_and_the_schedule_from_the_va
         dag = bag.get_dag("pgpoll_ingest")
         task = dag.get_task("ingest")
         materialize = dag.get_task("materialize")
+        snapshot_dag = bag.get_dag("pgpoll_snapshot")
+        snapshot = snapshot_dag.get_task("snapshot")
         print(json.dumps({{
             "import_errors": {{str(k): str(v) for k, v in bag.import_errors.items()}},
             "dags": sorted(bag.dag_ids),
@@ -103,6 +105,15 @@ def test_the_dag_folder_loads_with_no_import_errors_and_the_schedule_from_the_va
                 "retries": materialize.retries,
                 "operator": [type(materialize).__name__, [c.__name__ for c in type(materialize).__mro__]],
             }},
+            "snapshot": {{
+                "schedule": snapshot_dag.schedule,
+                "max_active_runs": snapshot_dag.max_active_runs,
+                "params": {{k: snapshot_dag.params.get_param(k).resolve() for k in snapshot_dag.params}},
+                "tasks": sorted(snapshot_dag.task_ids),
+                "retries": snapshot.retries,
+                "exponential": snapshot.retry_exponential_backoff,
+                "operator": [type(snapshot).__name__, [c.__name__ for c in type(snapshot).__mro__]],
+            }},
         }}))
         """
     )
@@ -111,7 +122,7 @@ def test_the_dag_folder_loads_with_no_import_errors_and_the_schedule_from_the_va
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["import_errors"] == {}
-    assert seen["dags"] == ["pgpoll_ingest"] and seen["tasks"] == ["ingest", "materialize"]
+    assert seen["dags"] == ["pgpoll_ingest", "pgpoll_snapshot"] and seen["tasks"] == ["ingest", "materialize"]
     assert seen["schedule"] == "7,37 * * * *"  # from the Variable pgpoll_schedule
     assert seen["catchup"] is False and seen["max_active_runs"] == 1
     assert seen["retries"] == 4 and seen["exponential"] is True
@@ -120,6 +131,13 @@ def test_the_dag_folder_loads_with_no_import_errors_and_the_schedule_from_the_va
     assert operator[0] == "PgpollMaterializeOperator" and "SparkSubmitOperator" in operator[1]
     # runs only after a successful ingest (skipped after a skipped one), retried like ingest
     assert seen["materialize"] == {"upstream": ["ingest"], "trigger_rule": "all_success", "retries": 4}
+    # the snapshot DAG: by hand only, one `tables` parameter (empty: every captured table), retried like ingest
+    operator = seen["snapshot"].pop("operator")
+    assert operator[0] == "PgpollSnapshotOperator" and "SparkSubmitOperator" in operator[1]
+    assert seen["snapshot"] == {
+        "schedule": None, "max_active_runs": 1, "params": {"tables": ""}, "tasks": ["snapshot"],
+        "retries": 4, "exponential": True,
+    }
 
     # the same through Airflow itself: its DAG processor parses the folder into the metadata
     # database, with the schedule from a Variable stored there
@@ -134,20 +152,19 @@ def test_the_dag_folder_loads_with_no_import_errors_and_the_schedule_from_the_va
     assert parsed["max_active_runs"] == "1"
 
 
-def _task_instances(home: Path, task_id: str = "ingest") -> list[tuple[str, str, int]]:
+def _task_instances(home: Path, task_id: str = "ingest", dag_id: str = "pgpoll_ingest") -> list[tuple[str, str, int]]:
     with sqlite3.connect(home / "airflow.db") as conn:
         return conn.execute(
-            "SELECT run_id, state, try_number FROM task_instance WHERE dag_id = 'pgpoll_ingest' AND task_id = ? "
-            "ORDER BY run_id",
-            (task_id,),
+            "SELECT run_id, state, try_number FROM task_instance WHERE dag_id = ? AND task_id = ? ORDER BY run_id",
+            (dag_id, task_id),
         ).fetchall()
 
 
-def _xcom(home: Path, run_id: str, key: str, task_id: str = "ingest") -> Any:
+def _xcom(home: Path, run_id: str, key: str, task_id: str = "ingest", dag_id: str = "pgpoll_ingest") -> Any:
     with sqlite3.connect(home / "airflow.db") as conn:
         rows = conn.execute(
-            "SELECT value FROM xcom WHERE dag_id = 'pgpoll_ingest' AND task_id = ? AND run_id = ? AND key = ?",
-            (task_id, run_id, key),
+            "SELECT value FROM xcom WHERE dag_id = ? AND task_id = ? AND run_id = ? AND key = ?",
+            (dag_id, task_id, run_id, key),
         ).fetchall()
     assert len(rows) == 1, f"no XCom {key} of {task_id} for {run_id}"
     value = rows[0][0]
@@ -254,3 +271,103 @@ def test_configuration_errors_fail_the_task_at_once_without_retries(db: Any, tmp
     out = alone.stdout + alone.stderr  # (tasks test keeps no task instance to look at afterwards)
     assert "AirflowFailException: pgpoll materialize exited 5" in out and "holds no pgpoll output" in out, out[-5000:]
     assert "new_state=failed" in out and "up_for_retry" not in out  # retries=4 is not used
+
+
+
+# Stands in for jobs/snapshot.py as the spark-submit application (the DAG's side only: the command it builds,
+# the environment it passes and what it makes of each exit code): records its argv and DSN, prints a summary
+# line like pgpoll's (or only an error line), exits with the code it is told to.
+SNAPSHOT_STUB = """
+import json, os, sys
+code = int(os.environ.get("STUB_EXIT", "0"))
+with open(os.environ["STUB_RECORD"], "a") as record:
+    record.write(json.dumps({"argv": sys.argv[1:], "dsn": os.environ.get("PGPOLL_DSN")}) + "\\n")
+if os.environ.get("STUB_SILENT"):
+    print("error: the output is not usable (stub)", file=sys.stderr)
+else:
+    print(json.dumps({"tables": 1, "chunks": 2, "rows": 7, "status": "ok" if code == 0 else "failed",
+                      "exit_code": code}))
+sys.exit(code)
+"""
+
+# Several runs of pgpoll_snapshot in one Airflow process: `Dag.test()` is what `airflow dags test` calls (a real
+# DAG run in the metadata database, the task run by Airflow's task runner); one process saves Airflow's start-up
+# per run. Each case sets the stub's exit code, the Variable and the run's conf; the retried case (exit 4) gets
+# retries=1 and no retry delay, so that the run does not wait a minute for its second try.
+SNAPSHOT_RUNS = """
+import json, os, sys
+from datetime import datetime, timedelta, timezone
+from airflow.dag_processing.dagbag import DagBag
+dag = DagBag(dag_folder=sys.argv[1]).get_dag("pgpoll_snapshot")
+task = dag.get_task("snapshot")
+results = []
+for day, case in enumerate(json.loads(sys.argv[2]), start=2):
+    os.environ.update(case["env"])
+    if "STUB_SILENT" not in case["env"]:
+        os.environ.pop("STUB_SILENT", None)
+    if case.get("retry_at_once"):
+        task.retries, task.retry_delay, task.retry_exponential_backoff = 1, timedelta(0), False
+    run = dag.test(logical_date=datetime(2024, 1, day, tzinfo=timezone.utc), run_conf=case["conf"])
+    [ti] = [t for t in run.get_task_instances() if t.task_id == "snapshot"]
+    results.append([run.run_id, str(getattr(ti.state, "value", ti.state)), ti.try_number])
+print(json.dumps(results))
+"""
+
+
+def test_snapshot_dag_passes_variable_and_tables_to_spark_submit_and_maps_exit_codes(
+    tmp_path: Path, airflow: Any
+) -> None:
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "snapshot.py").write_text(SNAPSHOT_STUB)
+    record = tmp_path / "record.jsonl"
+    source = {"conn_type": "postgres", "host": "db.example", "port": 5433, "login": "cdc",
+              "password": "s3cret-pw", "schema": "shop"}
+    output = str(tmp_path / "out")
+    # snapshot.py is found beside the ingest application; then an explicit one, no publication, no parallelism
+    beside = {"application": str(jobs / "ingest.py"), "slot": "orders_slot", "output": output,
+              "publication": "orders_pub", "py_files": "", "snapshot": {"parallelism": 3}}
+    explicit = {"slot": "orders_slot", "output": output, "snapshot": {"application": str(jobs / "snapshot.py")}}
+    cases = [
+        {"conf": {}, "env": {"STUB_EXIT": "0", "AIRFLOW_VAR_PGPOLL_INGEST": json.dumps(beside)}},
+        {"conf": {"tables": " public.orders, app.item* "},
+         "env": {"STUB_EXIT": "3", "AIRFLOW_VAR_PGPOLL_INGEST": json.dumps(explicit)}},
+        {"conf": {"tables": "public.nope"}, "env": {"STUB_EXIT": "2"}},
+        {"conf": {}, "env": {"STUB_EXIT": "5", "STUB_SILENT": "1"}},  # no summary: spark-submit's own exit code
+        {"conf": {}, "env": {"STUB_EXIT": "4"}, "retry_at_once": True},
+    ]
+    env = {"AIRFLOW_CONN_PGPOLL_SOURCE": json.dumps(source), "STUB_RECORD": str(record)}
+
+    proc = subprocess.run(
+        [str(airflow.python), "-c", SNAPSHOT_RUNS, str(DAG_FOLDER), json.dumps(cases)],
+        env={**airflow.env, **env}, capture_output=True, text=True, timeout=600,
+    )
+
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    runs = json.loads(proc.stdout.strip().splitlines()[-1])
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [(state, tries) for _run, state, tries in runs] == [
+        ("success", 1),
+        ("skipped", 1),  # exit 3: a snapshot of these tables is running; not retried
+        ("failed", 1),  # exits 2 and 5: failed at once, retries=4 unused
+        ("failed", 1),
+        ("failed", 2),  # exit 4 (lock timeout, ...): retried
+    ], (proc.stdout + proc.stderr)[-5000:]
+    assert len(calls) == 6  # one spark-submit per try
+
+    # no tables: every captured table (no --tables); the DSN, password included, only in the environment
+    assert calls[0]["argv"] == ["--slot", "orders_slot", "--output", output, "--json",
+                                "--publication", "orders_pub", "--parallelism", "3"]
+    assert "s3cret-pw" in calls[0]["dsn"] and "db.example:5433/shop" in calls[0]["dsn"]
+    assert all("s3cret-pw" not in " ".join(call["argv"]) for call in calls)
+    summary = _xcom(airflow.home, runs[0][0], "return_value", "snapshot", "pgpoll_snapshot")
+    assert (summary["status"], summary["rows"], summary["exit_code"]) == ("ok", 7, 0)
+
+    # tables set (spaces trimmed); the summary of a skipped or failed run is the XCom "summary"
+    assert calls[1]["argv"] == ["--slot", "orders_slot", "--output", output, "--json",
+                                "--tables", "public.orders,app.item*"]
+    assert calls[2]["argv"][-2:] == ["--tables", "public.nope"]
+    assert _xcom(airflow.home, runs[1][0], "summary", "snapshot", "pgpoll_snapshot")["exit_code"] == 3
+    assert _xcom(airflow.home, runs[2][0], "summary", "snapshot", "pgpoll_snapshot")["exit_code"] == 2
+    assert "AirflowFailException: pgpoll snapshot exited 5" in proc.stdout + proc.stderr
+    assert "the output is not usable (stub)" in proc.stdout + proc.stderr  # pgpoll's error line in the reason

@@ -30,9 +30,11 @@ def test_typed_rows_match_the_envelope_and_carry_types(db: Any, spark: Any, tmp_
     assert ingest(db.dsn, *args, "--output", out, "--typed-tables").exit_code == 0
     envelope = [r for r in read_output(spark, out) if r["op"] != "M"]
     typed = _typed(spark, out, "public", "acct")
-    assert [(r["_op"], r["_commit_lsn"], r["_seq"]) for r in typed] == [
-        (r["op"], r["commit_lsn"], r["seq"]) for r in envelope
+    assert [(r["_op"], r["_commit_lsn"], r["_seq"], r["_xid"]) for r in typed] == [
+        (r["op"], r["commit_lsn"], r["seq"], r["xid"]) for r in envelope
     ]
+    # the full 64-bit ids of the writing transactions; the commit-log records hold their range
+    assert all(r["xid"] is not None for r in envelope)
     assert typed[0]["id"] == 1 and typed[0]["balance"] == Decimal("10.50") and typed[0]["active"] is True
     assert str(typed[0]["opened"]) == "2024-01-31" and typed[0]["tags"] == ["a", "b c"]
     # NaN cannot be a decimal: the typed column is null and the exact text is kept
@@ -46,6 +48,10 @@ def test_typed_rows_match_the_envelope_and_carry_types(db: Any, spark: Any, tmp_
     records = [json.loads(p.read_text()) for p in sorted((Path(out) / "_pgpoll" / "commits").glob("*.json"))]
     with_rows = [r for r in records if r["rows"]]  # the run's last record is its heartbeat batch (no rows)
     assert with_rows[-1]["tables"] == ["public.acct"]
+    xids = sorted({r["xid"] for r in envelope})
+    # (test_decoding also shows the empty transaction of CREATE PUBLICATION: the range covers it too)
+    assert min(r["xid_min"] for r in with_rows) <= xids[0] and max(r["xid_max"] for r in with_rows) == xids[-1]
+    assert records[-1]["rows"] == 0 and records[-1]["xid_min"] > xids[-1]  # the heartbeat's own transaction
 
 
 @pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])

@@ -161,3 +161,24 @@ def test_safe_wal_size_shown(db: Any, conn: Any, td: str) -> None:
     assert lost.safe_wal_size_shown is None
     limited = slots.SlotInfo(**{**info.__dict__, "safe_wal_size": 1024})
     assert limited.safe_wal_size_shown == 1024
+
+
+def test_peek_rows_reports_a_full_id_reference_newer_than_every_row(db: Any, conn: Any, td: str) -> None:
+    last = int(db.execute("INSERT INTO t VALUES (3, 'c') RETURNING pg_current_xact_id()::text")[0][0])
+    with conn.cursor() as cur:  # a session default that would freeze the snapshot before the peek
+        cur.execute("SET default_transaction_isolation = 'repeatable read'")
+    before = conn.isolation_level
+    seen: list[int] = []
+    rows = []
+    for row in slots.peek_rows(conn, td, "test_decoding", options=slots.peek_options("test_decoding"),
+                               itersize=1, on_xid_reference=seen.append):
+        assert len(seen) == 1  # before the first row
+        if not rows:
+            with conn.cursor() as cur:
+                cur.execute("SELECT current_setting('transaction_isolation')")
+                assert cur.fetchone()[0] == "read committed"
+        rows.append(row)
+    [reference] = seen
+    assert reference > last and all(xid is not None and xid < reference for _lsn, xid, _data in rows)
+    assert conn.isolation_level == before and conn.autocommit is True
+    assert conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE

@@ -212,3 +212,31 @@ def test_pg_type_of_every_ledger_entry_survives_json() -> None:
     ledger = ColumnLedger()
     ledger.physical("xs", t)
     assert ColumnLedger.from_json(ledger.to_json()).entries[0].type == t
+
+
+def test_xid_is_a_meta_column_carrying_the_envelopes_full_id() -> None:
+    full = 7 * (1 << 32) + 0xFFFFFFF0
+    s = _schema(("id", "integer"), ("_xid", "text"), ("_XID", "integer"))
+    ledger = ColumnLedger()
+    layout = TypedLayout.build([s], ledger)
+    assert [c[0] for c in layout.columns] == ["id", "_xid__2", "_XID__3"]  # a user column never takes the name
+    cols = ChangeColumns()
+    cols.add_row(100, "I", "public", "t", None, [], ["id", "_xid", "_XID"], ["1", "mine", "5"], [], s.schema_id)
+    cols.fill_transaction(0x1000, full, 1_700_000_000_000_000, 0)
+    [row] = _rows(typed_batch(cols.to_batch(), layout))
+    assert (row["_xid"], row["_xid__2"], row["_XID__3"]) == (full, "mine", 5)
+    schema = layout.arrow_schema()
+    assert schema.field("_xid").type == pa.int64()
+    assert schema.names.index("_xid") == schema.names.index("_commit_ts") + 1
+    assert "`_commit_ts` timestamp, `_xid` bigint" in layout.spark_ddl()
+
+
+def test_a_ledger_from_before_xid_that_stores_a_column_as_xid_is_refused() -> None:
+    import pytest
+
+    from pgpoll.errors import SinkError
+
+    old = ColumnLedger.from_json({"columns": [{"name": "_xid", "spark_type": "int", "physical": "_xid",
+                                               "type": INT.to_json()}]})
+    with pytest.raises(SinkError, match='stores its column "_xid" as "_xid"'):
+        TypedLayout.build([_schema(("id", "integer"), ("_xid", "integer"))], old)

@@ -1,0 +1,149 @@
+"""Benchmark: snapshot a 5-column table and compare with ``psql \\copy`` of the same rows.
+
+Prints, from runs on one throwaway server, side by side: ``psql -c "\\copy (select
+* from t) to /dev/null"`` (the server producing and shipping every row, nothing
+else), ``pgpoll snapshot`` of an empty table (Spark start-up and the fixed work
+of a run), ``pgpoll snapshot`` of the full table (a real ``jobs/snapshot.py``
+process, its own Spark), and the issue's gate:
+
+* **snapshot / copy** = (full snapshot - empty snapshot) / copy (goal <= 2x);
+
+with rows/s and MB/s (Parquet bytes written), and the peak memory of one chunk
+read in a separate process at two chunk sizes (goal: a 1M-row chunk at most
+1.25x a 100k-row chunk). ``--repeat N`` takes medians of N runs.
+
+    python bench/bench_snapshot.py [--rows 2000000] [--repeat 3] [--parallelism 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+
+from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _sql(conn: Any, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+def _snapshot(dsn: str, slot: str, output: str, table: str, parallelism: int) -> tuple[float, dict[str, Any]]:
+    args = [sys.executable, str(REPO / "jobs" / "snapshot.py"), "--slot", slot, "--output", output,
+            "--publication", "bench_pub", "--tables", f"public.{table}", "--parallelism", str(parallelism)]
+    env = dict(os.environ, PGPOLL_DSN=dsn, PYSPARK_PYTHON=sys.executable)
+    started = time.perf_counter()
+    proc = subprocess.run(args, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"snapshot failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return seconds, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _copy(cluster: ThrowawayCluster, dsn: str) -> float:
+    psql = shutil.which("psql", path=str(cluster.installation.bindir)) or shutil.which("psql")
+    if psql is None:
+        raise SystemExit("psql not found")
+    started = time.perf_counter()
+    subprocess.run([psql, dsn, "-X", "-q", "-c", "\\copy (select * from bench_snap) to /dev/null"], check=True)
+    return time.perf_counter() - started
+
+
+def _chunk_peak_kb(dsn: str, rows: int) -> int:
+    """Peak RSS (kB) of a process that reads one chunk of ``rows`` rows into typed Parquet, without Spark."""
+    code = (
+        "import dataclasses, resource, tempfile\n"
+        "from pgpoll.snapshot.chunk_task import ChunkWork, write_chunk\n"
+        "from pgpoll.source.connection import connect, resolve_dsn\n"
+        "from pgpoll.source.snapshot_catalog import describe_table\n"
+        "from pgpoll.source.snapshot_reads import ChunkSpec\n"
+        f"conn = connect(resolve_dsn({dsn!r}))\n"
+        "t = describe_table(conn, 'public', 'bench_snap', plugin='pgoutput')\n"
+        "conn.close()\n"
+        "t = dataclasses.replace(t, mode='chunked')  # a key range of exactly the rows wanted\n"
+        f"work = ChunkWork(dsn={dsn!r}, output='', snapshot_id='', table=t, chunk=ChunkSpec(0, None, ({rows},)),\n"
+        "                 lock_timeout_ms=5000)\n"
+        "_stream, n = write_chunk(work, tempfile.mkdtemp() + '/chunk.parquet')\n"
+        f"assert n == {rows}, n\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:
+        raise SystemExit(f"chunk read failed: {proc.stderr[-2000:]}")
+    return int(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    """Run the benchmark and print its figures."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--parallelism", type=int, default=2)
+    parser.add_argument("--skip-memory", action="store_true")
+    args = parser.parse_args()
+    found = find_bindirs()
+    if not found:
+        raise SystemExit("no PostgreSQL installation found")
+    cluster = ThrowawayCluster(found[15] if 15 in found else found[max(found)]).start()
+    work = Path(tempfile.mkdtemp(prefix="pgpoll-bench-snapshot-"))
+    os.chmod(work, 0o777)
+    try:
+        dsn = cluster.dsn()
+        conn = psycopg2.connect(dsn)
+        conn.autocommit = True
+        for t in ("bench_snap", "bench_empty"):
+            _sql(conn, f"CREATE TABLE {t} (id bigint PRIMARY KEY, a int, b text, c timestamptz, d numeric)")
+        _sql(conn, "INSERT INTO bench_snap SELECT g, g %% 1000, 'name-' || g, now() - g * interval '1 second', "
+                   "g * 1.25 FROM generate_series(1, %s) g", (args.rows,))
+        _sql(conn, "VACUUM ANALYZE bench_snap")
+        _sql(conn, "CREATE PUBLICATION bench_pub FOR TABLE bench_snap, bench_empty")
+        _sql(conn, "SELECT 1 FROM pg_create_logical_replication_slot('bench_snap_slot', 'pgoutput')")
+        runs: list[dict[str, float]] = []
+        summary: dict[str, Any] = {}
+        for i in range(args.repeat):
+            copy_s = _copy(cluster, dsn)
+            empty_s, _ = _snapshot(dsn, "bench_snap_slot", str(work / f"empty{i}"), "bench_empty", args.parallelism)
+            full_s, summary = _snapshot(dsn, "bench_snap_slot", str(work / f"full{i}"), "bench_snap", args.parallelism)
+            runs.append({"copy_s": copy_s, "empty_s": empty_s, "full_s": full_s})
+            print(f"run {i + 1}: copy {copy_s:.2f} s, empty snapshot {empty_s:.2f} s, snapshot {full_s:.2f} s", flush=True)
+            shutil.rmtree(work / f"full{i}", ignore_errors=True)
+            shutil.rmtree(work / f"empty{i}", ignore_errors=True)
+        copy_s = statistics.median(r["copy_s"] for r in runs)
+        empty_s = statistics.median(r["empty_s"] for r in runs)
+        full_s = statistics.median(r["full_s"] for r in runs)
+        net = full_s - empty_s
+        written = int(summary.get("bytes") or 0)
+        print(f"\nsnapshot of {args.rows:,} rows x 5 columns (bigint, int, text, timestamptz, numeric), "
+              f"parallelism {args.parallelism}, medians of {args.repeat}:")
+        print(f"  psql \\copy to /dev/null        {copy_s:8.2f} s")
+        print(f"  pgpoll snapshot, empty table    {empty_s:8.2f} s   (Spark start-up and fixed work)")
+        print(f"  pgpoll snapshot, full table     {full_s:8.2f} s   net {net:.2f} s, {args.rows / max(net, 1e-9):,.0f} rows/s, "
+              f"{written / 1e6 / max(net, 1e-9):.1f} MB/s of Parquet ({written / 1e6:.1f} MB)")
+        print(f"  gate: (snapshot - empty) / copy = {net / copy_s:.2f}x   (goal <= 2x)")
+        if not args.skip_memory:
+            small = _chunk_peak_kb(dsn, 100_000)
+            large = _chunk_peak_kb(dsn, 1_000_000)
+            print(f"  one chunk's peak RSS: 100k rows {small / 1024:.0f} MiB, 1M rows {large / 1024:.0f} MiB, "
+                  f"ratio {large / small:.2f}x   (goal <= 1.25x)")
+        conn.close()
+    finally:
+        cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""``pgpoll snapshot`` (and ``spark-submit jobs/snapshot.py``, which runs this same command)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+import click
+
+from pgpoll import stopping
+from pgpoll.cli.boundary import report_error
+from pgpoll.cli.options import csv_values, dsn_option
+from pgpoll.cli.progress import Progress
+from pgpoll.snapshot.run import SnapshotOptions, SnapshotSummary, run_snapshot
+from pgpoll.stopping import StopRequest
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|min|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def _seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    """``5s``, ``500ms``, ``2min``, ``1h`` or plain seconds -> seconds."""
+    m = _DURATION.match(str(value))
+    if not m:
+        raise click.BadParameter(f"{value!r} is not a duration (e.g. 5s, 500ms, 2min, 1h)")
+    return float(m.group(1)) * _UNITS[m.group(2) or ""]
+
+
+@click.command("snapshot")
+@click.option("--slot", required=True, help="Replication slot the snapshot is for (must exist and not be lost; never touched).")
+@click.option("--output", required=True, help="Output path: a local path or file: URI (the one ingest writes).")
+@click.option("--publication", "publications", multiple=True, callback=csv_values,
+              help="Publication(s) of a pgoutput slot: their tables, column lists and row filters.")
+@click.option("--tables", multiple=True, callback=csv_values, metavar="PATTERN,...",
+              help="Only these tables (shell patterns over schema.table).")
+@click.option("--exclude-tables", multiple=True, callback=csv_values, metavar="PATTERN,...", help="Leave out these tables.")
+@click.option("--row-filter", "row_filters", multiple=True, metavar="'SCHEMA.TABLE: (EXPR)'",
+              help="test_decoding only: keep the rows ingest's --row-filter keeps (repeatable; ORed per table).")
+@click.option("--chunk-rows", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="Rows per chunk (one Spark task reads one chunk at a time).")
+@click.option("--parallelism", type=click.IntRange(min=1), default=None,
+              help="Chunks read at once, each with its own connection [default: Spark's default parallelism, at most 8].")
+@click.option("--lock-timeout", "lock_timeout_s", default="5s", show_default=True, callback=_seconds,
+              help="How long a chunk waits for its ACCESS SHARE lock before trying again (a few times, then exit 4).")
+@click.option("--wait-timeout", "wait_timeout_s", default="600", show_default=True, callback=_seconds,
+              help="Seconds to wait for the transactions in progress in the chunks' snapshots to finish.")
+@click.option("--shared-snapshot-timeout", "shared_snapshot_timeout_s", default="3600", show_default=True,
+              callback=_seconds,
+              help="Longest a table read under one shared snapshot may hold it (it holds back vacuum meanwhile).")
+@click.option("--json", "as_json", is_flag=True, help="No progress line on a terminal (the summary is JSON anyway).")
+@dsn_option
+def command(slot: str, output: str, publications: tuple[str, ...], tables: tuple[str, ...],
+            exclude_tables: tuple[str, ...], row_filters: tuple[str, ...], chunk_rows: int, parallelism: int | None,
+            lock_timeout_s: float, wait_timeout_s: float, shared_snapshot_timeout_s: float, as_json: bool,
+            dsn: str | None) -> None:
+    """Read the current rows of the captured tables into OUTPUT/snapshots/<id>/ (the typed tables' form).
+
+    Rerun with the same arguments after an interruption: only the missing
+    chunks are read. Prints one JSON line (the run summary) on stdout.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    opts = SnapshotOptions(
+        slot=slot, output=output, publications=publications, tables=tables, exclude_tables=exclude_tables,
+        row_filters=row_filters, chunk_rows=chunk_rows, parallelism=parallelism, lock_timeout_s=lock_timeout_s,
+        wait_timeout_s=wait_timeout_s, shared_snapshot_timeout_s=shared_snapshot_timeout_s, dsn=dsn,
+    )
+    started = time.monotonic()
+    progress = Progress()
+    if as_json:
+        progress.enabled = False
+    stop = StopRequest()
+    restore = stopping.install(stop)
+    try:
+        summary = run_snapshot(opts, stop=stop, show_progress=progress.update if progress.enabled else None)
+    except Exception as error:
+        progress.done()
+        if stop.requested:
+            click.echo(f"interrupted by signal {stop.signum}: finished chunks are kept; rerun to resume", err=True)
+            code, status = stop.exit_code, "interrupted"
+        else:
+            code, status = report_error(error), "error"
+        failed = SnapshotSummary(slot=slot, status=status, exit_code=code, seconds=round(time.monotonic() - started, 3))
+        click.echo(failed.to_json())
+        raise SystemExit(code) from None
+    finally:
+        restore()
+    progress.done()
+    if summary.status == "interrupted":
+        click.echo(
+            f"interrupted by signal {stop.signum}: {summary.chunks_read} chunk(s) read by this run are kept; "
+            "rerun the same command to read the others",
+            err=True,
+        )
+    click.echo(summary.to_json())
+    if summary.exit_code:
+        raise SystemExit(summary.exit_code)

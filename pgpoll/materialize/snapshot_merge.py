@@ -1,0 +1,156 @@
+"""Materializing a table on top of its latest complete snapshot: base rows, which batches to read, warnings.
+
+The snapshot's rows are the *base facts* of the state: older than every
+change. :mod:`pgpoll.materialize.visibility` decides which changes the
+snapshot already holds; this module prepares what that needs from the run:
+
+* :func:`base_frame`: the chunk rows as a state frame (typed columns by
+  their ``physical`` name in the snapshot files, cast to the state's types,
+  matched to state columns by column name);
+* :func:`select_records`: the commit-log records whose changes can matter.
+  A batch whose every transaction is below every chunk's ``xmin`` is visible
+  to all chunks and is not read. Batches written before ingest recorded
+  full transaction ids (``xid_min`` null) cannot be placed: those that end
+  at or before the snapshot's plan LSN are taken as visible; a later one is
+  an error (exit 5) whose fix is a new snapshot;
+* :func:`snapshot_filter`: the visibility rule with the chunks' key ranges
+  in state column names and types;
+* :func:`snapshot_json` (``materialize --json``); :func:`predates_warning`
+  (a table without a snapshot whose changes show it held rows before the slot)
+  and :func:`added_columns_warning` (columns added after rows were read, whose
+  default PostgreSQL never sends as changes): only a snapshot fixes those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pgpoll.errors import SinkError
+from pgpoll.lsn import Lsn
+from pgpoll.materialize.snapshot_input import SHARED, TableSnapshot
+from pgpoll.materialize.state import StateColumn
+from pgpoll.materialize.visibility import ChunkRange, SnapshotFilter
+from pgpoll.sink.commit_log import CommitRecord
+from pgpoll.typed.mapping import spark_ddl
+from pgpoll.typed.rows import quote
+from pgpoll.typed.schemas import TableSchema
+
+RESNAPSHOT_FIX = "run `pgpoll snapshot` again: ingest now writes full transaction ids"
+
+
+def resnapshot_command(qualified: str) -> str:
+    """The command that repairs one table."""
+    return f"`pgpoll snapshot --tables {qualified}`"
+
+
+def snapshot_filter(snap: TableSnapshot, described: TableSchema, columns: Sequence[StateColumn]) -> SnapshotFilter:
+    """The visibility rule of ``snap`` for a state with ``columns`` (``described``'s columns, in order)."""
+    by_name = {d.name: s for d, s in zip(described.columns, columns, strict=True)}
+    if snap.mode == SHARED or not snap.key:
+        shots = {c.snapshot for c in snap.chunks}
+        if len({(s.xmin, s.xmax, frozenset(s.xip)) for s in shots}) > 1:
+            raise SinkError(f"snapshot {snap.snapshot_id} of {snap.qualified} is shared but its chunks were read "
+                            "under different snapshots", f"run {resnapshot_command(snap.qualified)}")
+        return SnapshotFilter(tuple(ChunkRange(None, None, c.snapshot) for c in snap.chunks[:1]))
+    missing = [k for k in snap.key if k not in by_name]
+    if missing:
+        raise SinkError(f"{snap.qualified}: key column(s) {', '.join(missing)} of snapshot {snap.snapshot_id} "
+                        "are no longer in the table", f"run {resnapshot_command(snap.qualified)}")
+    key = tuple(by_name[k].name for k in snap.key)
+    ddls = tuple(spark_ddl(by_name[k].type) for k in snap.key)
+    return SnapshotFilter(tuple(ChunkRange(c.lo, c.hi, c.snapshot) for c in snap.chunks), key, ddls)
+
+
+def select_records(records: Sequence[CommitRecord], snap: TableSnapshot, rule: SnapshotFilter) -> list[CommitRecord]:
+    """The records whose changes the snapshot may not hold (see the module docstring)."""
+    out: list[CommitRecord] = []
+    for r in records:
+        if r.xid_min is None:
+            if int(r.end_lsn) <= snap.plan_lsn:
+                continue  # written before the snapshot began: its changes are in the snapshot's rows
+            raise SinkError(
+                f"{snap.qualified}: batch {r.name or r.end} (ending at {r.end}) was written without full transaction "
+                f"ids, after snapshot {snap.snapshot_id} began ({Lsn(snap.plan_lsn)}), so it cannot be merged with it",
+                RESNAPSHOT_FIX,
+            )
+        if r.xid_max is not None and rule.all_visible(int(r.xid_max)):
+            continue
+        out.append(r)
+    return out
+
+
+def state_ddl(columns: Sequence[StateColumn]) -> str:
+    """A state frame's schema as Spark DDL."""
+    own = [f"{quote(c.name)} {spark_ddl(c.type)}" for c in columns]
+    return ", ".join([*own, "`_untyped` map<string,string>", "`_commit_lsn` bigint", "`_commit_ts` timestamp"])
+
+
+def base_frame(spark: Any, snap: TableSnapshot, described: TableSchema, columns: Sequence[StateColumn]) -> Any:
+    """The snapshot's rows as a state frame (no commit position: older than every change)."""
+    from pyspark.sql import functions as F
+
+    files = snap.files
+    if not files:
+        return spark.createDataFrame([], state_ddl(columns))
+    rows = spark.read.option("mergeSchema", "true").parquet(*files)
+    have = set(rows.columns)
+    physical = {c.name: c.physical for c in snap.columns}
+    picked = []
+    for d, c in zip(described.columns, columns, strict=True):
+        src = physical.get(d.name)
+        ddl = spark_ddl(c.type)
+        value = F.col(quote(src)).cast(ddl) if src is not None and src in have else F.lit(None).cast(ddl)
+        picked.append(value.alias(c.name))
+    untyped = F.col("_untyped") if "_untyped" in have else F.lit(None).cast("map<string,string>")
+    return rows.select(*picked, untyped.alias("_untyped"), F.lit(None).cast("bigint").alias("_commit_lsn"),
+                       F.lit(None).cast("timestamp").alias("_commit_ts"))
+
+
+def snapshot_json(snap: TableSnapshot | None, high_water: Lsn | None) -> dict[str, Any] | None:
+    """``"snapshot"`` of ``materialize --json``: converged once the change log passed the convergence LSN."""
+    if snap is None:
+        return None
+    converged = high_water is not None and snap.convergence_lsn is not None and int(high_water) >= snap.convergence_lsn
+    return {"id": snap.snapshot_id, "complete": True, "converged": converged}
+
+
+def predates_warning(events: Any, key: Mapping[str, str], qualified: str) -> str | None:
+    """A warning when an UPDATE or DELETE touches a key no change in ``events`` created (``key``: name -> physical).
+
+    Only a snapshot can bring such rows (they predate the slot); one anti-join, done on full builds only.
+    """
+    from pyspark.sql import functions as F
+
+    if events is None or not key:
+        return None
+    before = {f.name for f in events.schema["_before"].dataType.fields} if "_before" in events.columns else set()
+    have = set(events.columns)
+    if any(p not in have for p in key.values()):
+        return None
+    new = F.struct(*[F.col(quote(p)).alias(f"k{i}") for i, p in enumerate(key.values())])
+    old = F.struct(*[(F.coalesce(F.col(f"_before.{quote(p)}"), F.col(quote(p))) if p in before else F.col(quote(p)))
+                     .alias(f"k{i}") for i, p in enumerate(key.values())])
+    # rows the log created: INSERTs, and UPDATEs that moved a row to a new key
+    created = events.where((F.col("_op") == "I") | ((F.col("_op") == "U") & ~old.eqNullSafe(new))).select(new.alias("k"))
+    touched = events.where(F.col("_op").isin("U", "D")).select(old.alias("k"))
+    if touched.join(created, "k", "left_anti").limit(1).count() == 0:
+        return None
+    return (f"{qualified} has UPDATEs or DELETEs of rows that predate the captured history and no snapshot: "
+            f"its state lacks the rows the slot never saw; fix: run {resnapshot_command(qualified)}")
+
+
+def added_columns_warning(earlier: TableSchema | None, latest: TableSchema, qualified: str) -> str | None:
+    """A warning when ``latest`` has columns ``earlier`` (the snapshot's or the previous state's shape) lacks.
+
+    PostgreSQL writes no row change for ``ADD COLUMN ... DEFAULT``: rows stored
+    before it read the default, while their state rows hold null there.
+    """
+    if earlier is None:
+        return None
+    added = [n for n in latest.names if earlier.column(n) is None]
+    if not added:
+        return None
+    return (f"{qualified}: column(s) {', '.join(added)} were added after rows of the state were last changed; those rows "
+            "hold null there where the source may hold the column's default; fix: run "
+            f"{resnapshot_command(qualified)}")

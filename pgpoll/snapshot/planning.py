@@ -1,0 +1,76 @@
+"""The snapshot's plan document: what is read, in which chunks, and the arguments a rerun must match to resume.
+
+``plan.json`` is written once, before any chunk is read (format in
+:mod:`pgpoll.sink.snapshot_store`); a rerun with the same normalised
+arguments resumes it, as long as the captured tables are still the same
+tables with the same shape (same schema ids): the chunks read already then
+hold the rows in the form the missing ones will have. Otherwise the rerun
+starts a new snapshot. No I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pgpoll.lsn import Lsn
+from pgpoll.sink import layout
+from pgpoll.sink.snapshot_store import FORMAT, now_iso
+from pgpoll.typed.rows import ColumnLedger, TypedLayout
+
+if TYPE_CHECKING:
+    from pgpoll.source.snapshot_catalog import SnapshotTable
+    from pgpoll.source.snapshot_reads import ChunkSpec
+
+
+def normalised_args(
+    *, slot: str, plugin: str, publications: Sequence[str], tables: Sequence[str], exclude_tables: Sequence[str],
+    row_filters: Sequence[str], chunk_rows: int,
+) -> dict[str, Any]:
+    """The arguments that decide what a snapshot reads (order and repetition do not matter)."""
+    return {
+        "slot": slot, "plugin": plugin, "publications": sorted(set(publications)), "tables": sorted(set(tables)),
+        "exclude_tables": sorted(set(exclude_tables)), "row_filters": sorted(set(row_filters)),
+        "chunk_rows": chunk_rows,
+    }
+
+
+def chunk_from_json(data: Mapping[str, Any]) -> ChunkSpec:
+    """The ``ChunkSpec`` of a plan's chunk entry."""
+    from pgpoll.source.snapshot_reads import ChunkSpec
+
+    return ChunkSpec.from_json(dict(data))
+
+
+def table_entry(t: SnapshotTable, chunks: Sequence[ChunkSpec]) -> dict[str, Any]:
+    """One table of the plan (``t`` a ``SnapshotTable``): its typed columns under their physical names, its chunks."""
+    schema = t.table_schema
+    typed = TypedLayout.build([schema], ColumnLedger())
+    physical = {name: phys for phys, name, _t in typed.columns}
+    return {
+        "schema": t.schema, "table": t.table, "dir": layout.table_dir_name(t.schema, t.table), "mode": t.mode,
+        "key": list(t.key), "identity": t.identity, "key_kinds": list(t.key_kinds),
+        "columns": [{"name": c.name, "physical": physical[c.name], "type": c.type.to_json()} for c in t.columns],
+        "schema_id": schema.schema_id, "relfilenode": int(t.relfilenode), "row_filter": t.row_filter,
+        "column_list": None if t.column_list is None else list(t.column_list),
+        "chunks": [c.to_json() for c in chunks],
+    }
+
+
+def build_plan(
+    snapshot_id: str, *, slot: str, plugin: str, publications: Sequence[str], args: Mapping[str, Any],
+    plan_lsn: int, entries: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The whole ``plan.json`` document."""
+    return {
+        "format": FORMAT, "snapshot_id": snapshot_id, "slot": slot, "plugin": plugin,
+        "publications": list(publications), "args": dict(args), "created_at": now_iso(),
+        "plan_lsn": str(Lsn(plan_lsn)), "plan_lsn_int": plan_lsn, "tables": [dict(e) for e in entries],
+    }
+
+
+def same_tables(plan: Mapping[str, Any], tables: Sequence[SnapshotTable]) -> bool:
+    """True when ``tables`` are the plan's tables, each with the shape (schema id) the plan recorded."""
+    planned = {(e["schema"], e["table"]): e.get("schema_id") for e in plan.get("tables", ())}
+    now = {(t.schema, t.table): t.table_schema.schema_id for t in tables}
+    return planned == now

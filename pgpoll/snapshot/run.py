@@ -1,0 +1,358 @@
+"""One snapshot run, coordinated on the driver: preflight, leases, plan or resume, chunk jobs, convergence.
+
+The driver never handles rows. It checks the slot (it must exist and not be
+lost; the snapshot never touches it), lists the captured tables, takes a
+lease per table (a second snapshot of a table exits 3 at once, before
+anything is written), then either resumes the incomplete snapshot planned
+with the same arguments or plans a new one (``plan.json`` before any chunk
+is read). The chunks still missing run as Spark tasks
+(:mod:`pgpoll.snapshot.chunk_task`): every chunked table's in ONE job whose
+partitions each take their chunks one after the other, so at most
+``parallelism`` connections read at once; each shared-snapshot table in its
+own job, under one exported snapshot held open by the driver. Finally the
+driver waits until every transaction listed as in progress in any chunk's
+snapshot has finished, and records that LSN (the convergence LSN) in
+``complete.json``. An interrupted run (SIGINT/SIGTERM) keeps its finished
+chunks: the next run with the same arguments reads only the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pgpoll import stopping
+from pgpoll.errors import ConfigError, PgpollError, SinkError, TableRewrittenError, first_line
+from pgpoll.sink.filesystem import OutputFs, local_path, open_output
+from pgpoll.sink.lease import Lease
+from pgpoll.sink.snapshot_store import SnapshotStore, find_resumable, new_snapshot_id, now_iso, table_lease
+from pgpoll.snapshot import planning
+from pgpoll.snapshot.chunk_task import ChunkResult, ChunkWork, run_chunks
+from pgpoll.snapshot.progress import Watcher
+from pgpoll.stopping import StopRequest
+
+if TYPE_CHECKING:
+    from pgpoll.source.control import ControlConnection
+    from pgpoll.source.snapshot_catalog import SnapshotTable
+
+log = logging.getLogger("pgpoll.snapshot")
+
+MAX_DEFAULT_PARALLELISM = 8
+SHARED_ATTEMPTS = 3  # reads of a shared-snapshot table rewritten under it, before the run stops (exit 4)
+
+
+@dataclass(frozen=True)
+class SnapshotOptions:
+    """The options of ``pgpoll snapshot`` and ``jobs/snapshot.py`` (same names)."""
+
+    slot: str
+    output: str
+    publications: tuple[str, ...] = ()
+    tables: tuple[str, ...] = ()
+    exclude_tables: tuple[str, ...] = ()
+    row_filters: tuple[str, ...] = ()
+    chunk_rows: int = 100_000
+    parallelism: int | None = None
+    lock_timeout_s: float = 5.0
+    wait_timeout_s: float = 600.0
+    shared_snapshot_timeout_s: float = 3600.0
+    dsn: str | None = None
+
+
+@dataclass
+class SnapshotSummary:
+    """The JSON line a run prints on stdout."""
+
+    slot: str
+    snapshot_id: str | None = None
+    plugin: str | None = None
+    tables: int = 0
+    chunks: int = 0
+    chunks_read: int = 0
+    rows: int = 0
+    bytes: int = 0
+    resumed: bool = False
+    convergence_lsn: str | None = None
+    seconds: float = 0.0
+    status: str = "ok"
+    exit_code: int = 0
+    table_names: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        """One line of JSON."""
+        return json.dumps(self.__dict__, sort_keys=True)
+
+
+def _check_output(output: str) -> None:
+    if local_path(output) is None:
+        raise ConfigError(
+            f"pgpoll snapshot writes only local paths and file: URIs, not {output!r}",
+            "snapshot to a local or file: output (the tasks write Parquet with pyarrow)",
+        )
+    from pgpoll.spark.filesystems import check_local_output
+
+    check_local_output(output)
+
+
+def _prepare(opts: SnapshotOptions) -> None:
+    from pgpoll.source.names import check_slot_name
+
+    check_slot_name(opts.slot)
+    if opts.row_filters:
+        from pgpoll.rowfilter.expression import parse_row_filter
+
+        for text in opts.row_filters:
+            parse_row_filter(text)
+    _check_output(opts.output)
+
+
+def _preflight(control: ControlConnection, opts: SnapshotOptions) -> tuple[str, list[SnapshotTable]]:
+    """The slot's plugin and the tables to read."""
+    from pgpoll.source.snapshot_catalog import snapshot_tables
+    from pgpoll.source.snapshot_reads import check_source
+    from pgpoll.table_patterns import TablePatterns
+
+    source = control.call(lambda c: check_source(c, opts.slot))
+    plugin = str(source.plugin)
+    if plugin == "pgoutput" and not opts.publications:
+        raise ConfigError(f'slot "{opts.slot}" uses pgoutput, which needs a publication', "pass --publication NAME")
+    if opts.row_filters:
+        if plugin != "test_decoding":
+            raise ConfigError(
+                "--row-filter is for test_decoding slots; with pgoutput the publication's row filters apply",
+                "put the filter on the publication: pgpoll publication create NAME --table 'schema.tbl WHERE (expr)'",
+            )
+        from pgpoll.rowfilter.expression import parse_row_filter
+        from pgpoll.source.row_filter_check import check_row_filters
+
+        filters = [parse_row_filter(spec) for spec in opts.row_filters]
+        control.call(lambda c: check_row_filters(c, filters))
+    patterns = TablePatterns(tuple(opts.tables), tuple(opts.exclude_tables))
+    tables = list(control.call(lambda c: snapshot_tables(
+        c, plugin=plugin, publications=list(opts.publications), patterns=patterns)))
+    if not tables:
+        raise ConfigError("no table to snapshot", "check --publication, --tables and --exclude-tables")
+    for t in tables:
+        if t.warning:
+            log.warning("%s: %s", t.qualified_name, t.warning)
+    return plugin, tables
+
+
+def _take_leases(fs: OutputFs, tables: Sequence[SnapshotTable], run_id: str, slot: str) -> list[Lease]:
+    leases: list[Lease] = []
+    try:
+        for t in sorted(tables, key=lambda t: (t.schema, t.table)):
+            lease = table_lease(fs, t.schema, t.table, run=run_id, slot=slot)
+            lease.acquire()
+            leases.append(lease)
+    except BaseException:
+        _release(leases)
+        raise
+    return leases
+
+
+def _release(leases: Sequence[Lease]) -> None:
+    for lease in leases:
+        try:
+            lease.release()
+        except PgpollError as exc:  # it expires by itself
+            log.warning("could not release a snapshot lease: %s", exc.message)
+
+
+def _plan_or_resume(control: ControlConnection, fs: OutputFs, opts: SnapshotOptions, plugin: str,
+                    tables: Sequence[SnapshotTable],
+                    summary: SnapshotSummary) -> tuple[SnapshotStore, dict[str, Any]]:
+    from pgpoll.source.snapshot_reads import current_wal_lsn, plan_chunks
+
+    args = planning.normalised_args(
+        slot=opts.slot, plugin=plugin, publications=opts.publications, tables=opts.tables,
+        exclude_tables=opts.exclude_tables, row_filters=opts.row_filters, chunk_rows=opts.chunk_rows)
+    sid = find_resumable(fs, args)
+    if sid is not None:
+        store = SnapshotStore(fs, sid)
+        plan = store.plan()
+        if planning.same_tables(plan, tables):
+            summary.resumed = True
+            for entry in plan["tables"]:
+                store.resume_table(entry["dir"])  # (a partly read shared-snapshot table is read again as a whole)
+            log.info("resuming snapshot %s", sid)
+            return store, plan
+        log.info("snapshot %s was planned for other tables or table shapes: starting a new one", sid)
+    sid = new_snapshot_id()
+    plan_lsn = int(control.call(current_wal_lsn))
+    entries = [
+        planning.table_entry(t, control.call(functools.partial(plan_chunks, t=t, chunk_rows=opts.chunk_rows)))
+        for t in tables
+    ]
+    plan = planning.build_plan(sid, slot=opts.slot, plugin=plugin, publications=opts.publications, args=args,
+                               plan_lsn=plan_lsn, entries=entries)
+    store = SnapshotStore(fs, sid)
+    store.create_plan(plan)
+    return store, plan
+
+
+def _run_job(spark: Any, works: Sequence[ChunkWork], parallelism: int, stop: StopRequest | None) -> list[ChunkResult]:
+    """One Spark job over ``works``; the first task error is raised (finished chunks stay published)."""
+    if not works:
+        return []
+    sc = spark.sparkContext
+    job = sc.parallelize(list(works), numSlices=max(1, min(parallelism, len(works)))).mapPartitions(run_chunks)
+    forget = stop.on_request(lambda: _cancel(spark)) if stop is not None else (lambda: None)
+    try:
+        results: list[ChunkResult] = job.collect()
+    except Exception as exc:
+        if stop is not None and stop.requested:
+            raise stopping.StopRequestedError() from None
+        raise SinkError(f"a snapshot task failed: {first_line(exc)}", "check the Spark executor logs; rerun to resume") from None
+    finally:
+        forget()
+    for result in results:
+        if result.error is not None:
+            raise result.error
+    return results
+
+
+def _cancel(spark: Any) -> None:
+    from pgpoll.spark.session import debug_requested
+
+    if not debug_requested():
+        spark.sparkContext.setLogLevel("OFF")  # Spark's log of its own cancellation is noise here
+    spark.sparkContext.cancelAllJobs()
+
+
+def _missing_works(store: SnapshotStore, plan: dict[str, Any], by_name: dict[tuple[str, str], SnapshotTable],
+                   opts: SnapshotOptions, dsn: str, entry: dict[str, Any], exported: str | None = None,
+                   exported_relfilenode: int | None = None) -> list[ChunkWork]:
+    done = store.manifests(entry["dir"])
+    t = by_name[(entry["schema"], entry["table"])]
+    return [
+        ChunkWork(dsn=dsn, output=opts.output, snapshot_id=store.snapshot_id, table=t,
+                  chunk=planning.chunk_from_json(c), lock_timeout_ms=int(opts.lock_timeout_s * 1000),
+                  exported=exported, exported_relfilenode=exported_relfilenode, row_filters=opts.row_filters,
+                  plan_relfilenode=entry.get("relfilenode"))
+        for c in entry["chunks"] if int(c["n"]) not in done
+    ]
+
+
+def _read_chunks(spark: Any, store: SnapshotStore, plan: dict[str, Any], tables: Sequence[SnapshotTable],
+                 opts: SnapshotOptions, dsn: str, stop: StopRequest | None) -> int:
+    """Run every missing chunk; returns how many were read by this run."""
+    from pgpoll.source.snapshot_reads import SharedSnapshot
+
+    default = int(spark.sparkContext.defaultParallelism)
+    parallelism = opts.parallelism or max(1, min(default, MAX_DEFAULT_PARALLELISM))
+    by_name = {(t.schema, t.table): t for t in tables}
+    chunked = [w for e in plan["tables"] if e["mode"] == "chunked"
+               for w in _missing_works(store, plan, by_name, opts, dsn, e)]
+    read = len(_run_job(spark, chunked, parallelism, stop))
+    for entry in plan["tables"]:
+        if entry["mode"] != "shared" or (stop is not None and stop.requested):
+            continue
+        if len(store.manifests(entry["dir"])) == len(entry["chunks"]):
+            continue
+        t = by_name[(entry["schema"], entry["table"])]
+        for attempt in range(1, SHARED_ATTEMPTS + 1):
+            store.reset_table(entry["dir"])  # all of it under one snapshot
+            try:
+                with SharedSnapshot(dsn, t, opts.shared_snapshot_timeout_s,
+                                    lock_timeout_ms=int(opts.lock_timeout_s * 1000)) as shared:
+                    works = _missing_works(store, plan, by_name, opts, dsn, entry, exported=shared.exported,
+                                           exported_relfilenode=shared.relfilenode)
+                    read += len(_run_job(spark, works, parallelism, stop))
+                break
+            except TableRewrittenError as exc:
+                if attempt == SHARED_ATTEMPTS:
+                    raise
+                log.warning("%s; reading it again under a new snapshot (attempt %d of %d)",
+                            exc.message, attempt + 1, SHARED_ATTEMPTS)
+    return read
+
+
+def _bytes_so_far(store: SnapshotStore, plan: dict[str, Any]) -> int:
+    return sum(int(m.get("bytes", 0)) for e in plan["tables"] for m in store.manifests(e["dir"]).values())
+
+
+def _complete(control: ControlConnection, store: SnapshotStore, plan: dict[str, Any], opts: SnapshotOptions,
+              summary: SnapshotSummary) -> None:
+    from pgpoll.lsn import Lsn
+    from pgpoll.source.snapshot_reads import wait_for_transactions
+
+    xips: set[int] = set()
+    rows = chunks = size = 0
+    for entry in plan["tables"]:
+        done = store.manifests(entry["dir"])
+        missing = [c["n"] for c in entry["chunks"] if int(c["n"]) not in done]
+        if missing:
+            raise SinkError(f"snapshot {store.snapshot_id}: chunks {missing[:5]} of {entry['schema']}.{entry['table']} "
+                            "are missing", "rerun the same snapshot command to read them")
+        for manifest in done.values():
+            xips.update(int(x) for x in manifest.get("snapshot", {}).get("xip", ()))
+            rows += int(manifest.get("rows", 0))
+            size += int(manifest.get("bytes", 0))
+            chunks += 1
+    summary.rows, summary.bytes, summary.chunks = rows, size, chunks
+    lsn = int(control.call(lambda c: wait_for_transactions(c, sorted(xips), opts.wait_timeout_s)))
+    done_doc = store.write_complete({
+        "snapshot_id": store.snapshot_id, "completed_at": now_iso(), "convergence_lsn": str(Lsn(lsn)),
+        "convergence_lsn_int": lsn, "rows": rows, "chunks": chunks,
+        "tables": [f"{e['schema']}.{e['table']}" for e in plan["tables"]],
+    })
+    summary.convergence_lsn = str(done_doc["convergence_lsn"])
+
+
+def run_snapshot(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | None = None,
+                 show_progress: Callable[[str], None] | None = None) -> SnapshotSummary:
+    """Snapshot the captured tables into the output; returns the summary (status "interrupted" on a stop)."""
+    from pgpoll.source.connection import resolve_dsn
+    from pgpoll.source.control import ControlConnection
+
+    started = time.monotonic()
+    _prepare(opts)
+    summary = SnapshotSummary(slot=opts.slot)
+    target = resolve_dsn(opts.dsn)
+    control = ControlConnection(target, opts.slot)
+    control.open()
+    leases: list[Lease] = []
+    watcher: Watcher | None = None
+    try:
+        plugin, tables = _preflight(control, opts)
+        summary.plugin, summary.tables = plugin, len(tables)
+        summary.table_names = sorted(f"{t.schema}.{t.table}" for t in tables)
+        fs = open_output(opts.output)
+        leases = _take_leases(fs, tables, uuid.uuid4().hex, opts.slot)  # busy: exit 3 before anything is written
+        store, plan = _plan_or_resume(control, fs, opts, plugin, tables, summary)
+        summary.snapshot_id = store.snapshot_id
+        summary.chunks = sum(len(e["chunks"]) for e in plan["tables"])
+        watcher = Watcher(store, [e["dir"] for e in plan["tables"]], summary.chunks, leases, show_progress)
+        watcher.start()
+        if stop is None or not stop.requested:
+            from pgpoll.spark.session import spark_session
+
+            spark = spark or spark_session("pgpoll-snapshot")
+            stopping.reclaim(stop)  # SparkContext replaced the SIGINT handler with its own
+            with contextlib.suppress(stopping.StopRequestedError):  # stopped: reported below
+                summary.chunks_read = _read_chunks(spark, store, plan, tables, opts, target.dsn, stop)
+        if watcher.lost is not None:
+            raise watcher.lost
+        if stop is not None and stop.requested:
+            summary.status, summary.exit_code = "interrupted", stop.exit_code
+            watcher.tick()
+            summary.rows = sum(watcher.seen.values())
+            summary.chunks_read = len(watcher.seen) - watcher.chunks_before
+            summary.bytes = _bytes_so_far(store, plan)
+        else:
+            _complete(control, store, plan, opts, summary)
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        _release(leases)
+        control.close()
+        summary.seconds = round(time.monotonic() - started, 3)
+    return summary

@@ -1,0 +1,292 @@
+"""Chunk plans of a snapshot and the SQL that reads one chunk.
+
+A chunked table is split by its replica-identity key (``lo < key <= hi``,
+row comparison, open first and last ends) at boundaries found by keyset
+probes: each probe reads ``chunk_rows`` index entries past the previous
+boundary in a short transaction with a ``statement_timeout`` (no deep
+OFFSET from the start, no full-table NTILE). A table read under one shared
+snapshot is split by ctid block ranges per leaf relation (TID range scans);
+the last range of each leaf is open, so rows in blocks added after the plan
+are read too. Key values travel as JSON (int for integers, the server's
+text otherwise) and come back as untyped literals, which take each key
+column's own type in the row comparison.
+
+The rows of a chunk come from ``COPY (SELECT ...) TO STDOUT (FORMAT csv)``,
+parsed by pyarrow into string columns (:func:`parse_csv`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import psycopg2
+import pyarrow as pa
+import pyarrow.csv as pacsv
+from psycopg2 import sql
+
+from pgpoll.source.names import parse_qualified_name, quote_ident
+from pgpoll.source.server_errors import translate
+from pgpoll.source.session import pinned_transaction
+from pgpoll.source.snapshot_catalog import CHUNKED, SnapshotTable
+
+PROBE_TIMEOUT_MS = 60_000
+_DEFAULT_ROWS_PER_BLOCK = 50  # no statistics yet: about 160-byte rows
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """One chunk of a table's plan.
+
+    Mode chunked: rows with ``lo < key <= hi`` (row comparison; ``None`` = open
+    end), key values as JSON values (int for integers, text otherwise, bytea
+    as ``\\x...`` hex). Mode shared: ``relation`` (schema, leaf) and ``blocks``
+    ``(first, end)`` -- ctid blocks ``first <= block < end``, ``end`` None for
+    the last range of a leaf; neither set: the whole table.
+    """
+
+    n: int
+    lo: tuple[Any, ...] | None = None
+    hi: tuple[Any, ...] | None = None
+    relation: tuple[str, str] | None = None
+    blocks: tuple[int, int | None] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan.json form of this chunk."""
+        if self.relation is not None or self.blocks is not None:
+            return {
+                "n": self.n,
+                "relation": None if self.relation is None else f"{quote_ident(self.relation[0])}.{quote_ident(self.relation[1])}",
+                "blocks": None if self.blocks is None else list(self.blocks),
+            }
+        return {"n": self.n, "lo": None if self.lo is None else list(self.lo),
+                "hi": None if self.hi is None else list(self.hi)}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> ChunkSpec:
+        """The inverse of :meth:`to_json`."""
+        if "relation" in data or "blocks" in data:
+            rel = data.get("relation")
+            name = parse_qualified_name(rel)[0] if rel else None
+            blocks = data.get("blocks")
+            return ChunkSpec(
+                int(data["n"]),
+                relation=None if name is None else (name.schema, name.table),
+                blocks=None if blocks is None else (int(blocks[0]), None if blocks[1] is None else int(blocks[1])),
+            )
+        lo, hi = data.get("lo"), data.get("hi")
+        return ChunkSpec(int(data["n"]), None if lo is None else tuple(lo), None if hi is None else tuple(hi))
+
+
+def _relation_sql(t: SnapshotTable, relation: tuple[str, str] | None = None) -> sql.Composable:
+    """The FROM target: ``ONLY "s"."t"`` for a plain table or a leaf (its inheritance children are other
+    tables in the stream), the partitioned root itself (its rows are its leaves')."""
+    if relation is not None:
+        return sql.SQL("ONLY {}.{}").format(sql.Identifier(relation[0]), sql.Identifier(relation[1]))
+    name = sql.SQL("{}.{}").format(sql.Identifier(t.schema), sql.Identifier(t.table))
+    return name if t.partitioned else sql.SQL("ONLY ") + name
+
+
+def _key_sql(t: SnapshotTable) -> sql.Composable:
+    return sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier(k) for k in t.key))
+
+
+def _bound(values: tuple[Any, ...]) -> sql.Composable:
+    # Bound as untyped literals: each takes its key column's type (row comparison resolves per column).
+    return sql.SQL("({})").format(sql.SQL(", ").join(sql.Literal(str(v)) for v in values))
+
+
+def _json_key(kind: str, text: str) -> Any:
+    return int(text) if kind in ("int2", "int4", "int8") else text
+
+
+def set_timeout(cur: Any, ms: int) -> None:
+    """``statement_timeout`` for the rest of the cursor's transaction."""
+    cur.execute("SELECT set_config('statement_timeout', %s, true)", (str(int(ms)),))
+
+
+def plan_chunks(conn: Any, t: SnapshotTable, chunk_rows: int, *, timeout_ms: int = PROBE_TIMEOUT_MS) -> list[ChunkSpec]:
+    """The chunks of ``t``: key ranges by keyset probes (chunked), ctid block ranges per leaf (shared)."""
+    if chunk_rows < 1:
+        raise ValueError("chunk_rows must be at least 1")
+    try:
+        return _key_chunks(conn, t, chunk_rows, timeout_ms) if t.mode == CHUNKED else _block_chunks(conn, t, chunk_rows)
+    except psycopg2.Error as exc:
+        raise translate(exc) from None
+
+
+def _key_chunks(conn: Any, t: SnapshotTable, chunk_rows: int, timeout_ms: int) -> list[ChunkSpec]:
+    kinds = t.key_kinds
+    key = _key_sql(t)
+    select = sql.SQL("SELECT {} FROM {}").format(
+        # aliased: ORDER BY "k" must sort by the column, not by an output column of that name (its text)
+        sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"__pgpoll_k{i}"))
+                           for i, k in enumerate(t.key)),
+        _relation_sql(t))
+    # Every value is a literal in the text and no parameters are passed: a '%' in a key stays a '%'.
+    order = sql.SQL(" ORDER BY {} OFFSET {} LIMIT 1").format(
+        sql.SQL(", ").join(sql.Identifier(k) for k in t.key), sql.Literal(chunk_rows - 1))
+    chunks: list[ChunkSpec] = []
+    lo: tuple[Any, ...] | None = None
+    while True:
+        where = sql.SQL("") if lo is None else sql.SQL(" WHERE {} > {}").format(key, _bound(lo))
+        with pinned_transaction(conn) as cur:
+            set_timeout(cur, timeout_ms)
+            cur.execute(select + where + order)
+            row = cur.fetchone()
+        if row is None:
+            chunks.append(ChunkSpec(len(chunks), lo, None))
+            return chunks
+        hi = tuple(_json_key(k, v) for k, v in zip(kinds, row, strict=True))
+        chunks.append(ChunkSpec(len(chunks), lo, hi))
+        lo = hi
+
+
+_BLOCKS_SQL = """
+SELECT c.relpages, c.reltuples, pg_relation_size(c.oid) / current_setting('block_size')::bigint
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s
+"""
+
+
+def _block_chunks(conn: Any, t: SnapshotTable, chunk_rows: int) -> list[ChunkSpec]:
+    relations = list(t.leaves) if t.partitioned else [(t.schema, t.table)]
+    if not relations:
+        return [ChunkSpec(0)]
+    chunks: list[ChunkSpec] = []
+    with pinned_transaction(conn) as cur:
+        set_timeout(cur, PROBE_TIMEOUT_MS)
+        for rel in relations:
+            cur.execute(_BLOCKS_SQL, rel)
+            row = cur.fetchone()
+            relpages, reltuples, nblocks = row if row is not None else (0, -1, 0)
+            per_block = reltuples / relpages if relpages and reltuples and reltuples > 0 else _DEFAULT_ROWS_PER_BLOCK
+            step = max(1, int(chunk_rows / max(per_block, 1.0)))
+            first = 0
+            while True:
+                end = first + step
+                if end >= int(nblocks):
+                    chunks.append(ChunkSpec(len(chunks), relation=rel, blocks=(first, None)))
+                    break
+                chunks.append(ChunkSpec(len(chunks), relation=rel, blocks=(first, end)))
+                first = end
+    return chunks
+
+
+
+def _where(t: SnapshotTable, chunk: ChunkSpec) -> sql.Composable:
+    parts: list[sql.Composable] = []
+    if chunk.lo is not None:
+        parts.append(sql.SQL("{} > {}").format(_key_sql(t), _bound(chunk.lo)))
+    if chunk.hi is not None:
+        parts.append(sql.SQL("{} <= {}").format(_key_sql(t), _bound(chunk.hi)))
+    if chunk.blocks is not None:
+        parts.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({int(chunk.blocks[0])},0)")))
+        if chunk.blocks[1] is not None:
+            parts.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({int(chunk.blocks[1])},0)")))
+    if t.row_filter:
+        parts.append(sql.SQL("({})").format(sql.SQL(t.row_filter)))  # the server's own text (pg_get_expr)
+    return sql.SQL(" AND ").join(parts) if parts else sql.SQL("true")
+
+
+def copy_sql(t: SnapshotTable, chunk: ChunkSpec) -> sql.Composable:
+    """``COPY (SELECT cols FROM rel WHERE ...) TO STDOUT (FORMAT csv)`` for one chunk."""
+    columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in t.columns)
+    return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT WITH (FORMAT csv)").format(
+        columns, _relation_sql(t, chunk.relation), _where(t, chunk))
+
+
+def parse_csv(data: bytes | memoryview, names: tuple[str, ...]) -> pa.Table:
+    """PostgreSQL CSV -> string columns: unquoted empty field = NULL, quoted ``""`` = ``''``; newlines in values."""
+    schema = pa.schema([pa.field(n, pa.string()) for n in names])
+    if len(data) == 0 or not names:
+        return schema.empty_table()
+    positional = [f"c{i}" for i in range(len(names))]
+    table = pacsv.read_csv(
+        pa.BufferReader(pa.py_buffer(data)),  # type: ignore[arg-type]  # a NativeFile; the stubs want IO; no copy
+        read_options=pacsv.ReadOptions(column_names=positional, block_size=min(max(len(data) + 1, 1 << 20), 2**31 - 1)),
+        parse_options=pacsv.ParseOptions(quote_char='"', double_quote=True, escape_char=False, newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(
+            column_types={p: pa.string() for p in positional}, null_values=[""], strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+        ),
+    )
+    return table.rename_columns(list(names)).cast(schema)
+
+
+#: Bytes of COPY text per parsed batch: a chunk's memory is a few of these, whatever its row count.
+STREAM_BLOCK_BYTES = 2 << 20
+
+
+def stream_csv(copy: Callable[[BinaryIO], None], names: tuple[str, ...],
+               block_bytes: int = STREAM_BLOCK_BYTES) -> Iterator[pa.RecordBatch]:
+    """Run ``copy`` (which writes PostgreSQL CSV to the file it is given) and yield string batches as it goes.
+
+    ``copy`` runs in a thread writing into a pipe that pyarrow's streaming CSV
+    reader parses, so memory stays at a few blocks however long the chunk is.
+    Null and quoting rules as :func:`parse_csv`. An error of ``copy`` is raised
+    here, after the batches read so far.
+    """
+    schema = pa.schema([pa.field(n, pa.string()) for n in names])
+    positional = [f"c{i}" for i in range(len(names))]
+    read_fd, write_fd = os.pipe()
+    failure: list[BaseException] = []
+
+    def produce() -> None:
+        with os.fdopen(write_fd, "wb", buffering=1 << 20) as sink:
+            try:
+                copy(sink)
+            except BaseException as exc:  # handed to the consumer
+                failure.append(exc)
+
+    producer = threading.Thread(target=produce, name="pgpoll-copy", daemon=True)
+    producer.start()
+    with os.fdopen(read_fd, "rb", buffering=0) as source:
+        try:
+            head = source.read(1)
+            if head and names:
+                stream = pacsv.open_csv(
+                    # buffered: each read returns the whole block asked for (a pipe gives short reads)
+                    pa.PythonFile(io.BufferedReader(_Prefixed(head, source), 1 << 20), mode="r"),  # type: ignore[arg-type]
+                    # one thread: a reader running ahead of the consumer would buffer the whole chunk
+                    read_options=pacsv.ReadOptions(column_names=positional, block_size=block_bytes, use_threads=False),
+                    parse_options=pacsv.ParseOptions(quote_char='"', double_quote=True, escape_char=False,
+                                                     newlines_in_values=True),
+                    convert_options=pacsv.ConvertOptions(
+                        column_types={p: pa.string() for p in positional}, null_values=[""], strings_can_be_null=True,
+                        quoted_strings_can_be_null=False,
+                    ),
+                )
+                for batch in stream:
+                    yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+            else:
+                while source.read(1 << 16):
+                    pass  # (no columns: drain)
+        finally:
+            while source.read(1 << 16):
+                pass  # let the producer finish (an early exit of the consumer)
+            producer.join()
+    if failure:
+        raise failure[0]
+
+
+class _Prefixed(io.RawIOBase):
+    """A raw reader: ``head`` first, then ``rest`` (the byte read to see whether COPY wrote anything)."""
+
+    def __init__(self, head: bytes, rest: BinaryIO) -> None:
+        self.head, self.rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.head:
+            n = min(len(buffer), len(self.head))
+            buffer[:n] = self.head[:n]
+            self.head = self.head[n:]
+            return n
+        data = self.rest.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
