@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import click
 
-from pgpoll import stopping
-from pgpoll.cli.boundary import report_error
+from pgpoll.cli.job_runner import run_job
 from pgpoll.cli.options import csv_values, dsn_option
 from pgpoll.cli.progress import Progress
 from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
-from pgpoll.stopping import StopRequest
 
 
 @click.command("ingest")
@@ -52,35 +49,16 @@ def command(slot: str, output: str, plugin: str, publications: tuple[str, ...], 
         max_seconds=max_seconds, batch_changes=batch_changes, typed_tables=typed_tables, row_filters=row_filters,
         dsn=dsn,
     )
-    started = time.monotonic()
     progress = Progress()
-    stop = StopRequest()
-    restore = stopping.install(stop)
-    try:
-        summary = run_ingest(
+    run_job(
+        lambda stop: run_ingest(
             opts, stop=stop, show_progress=progress.update if progress.enabled else None,
             on_batch=lambda s: progress.update(
                 f"{s.batches} batch(es), {s.changes:,} change(s), slot at {s.last_lsn}", force=True),
-        )
-    except Exception as error:
-        progress.done()
-        if stop.requested:  # the signal cut a step short (connecting, recovery): say so, not the side effect
-            click.echo(f"interrupted by signal {stop.signum}: nothing of the unfinished step was published", err=True)
-            code, status = stop.exit_code, "interrupted"
-        else:
-            code, status = report_error(error), "error"
-        failed = RunSummary(slot=slot, status=status, exit_code=code, seconds=round(time.monotonic() - started, 3))
-        click.echo(failed.to_json())
-        raise SystemExit(code) from None
-    finally:
-        restore()
-    progress.done()
-    if summary.status == "interrupted":
-        click.echo(
-            f"interrupted by signal {stop.signum}: {summary.batches} batch(es) committed; the unfinished batch "
-            "was abandoned (the next run reads it again)",
-            err=True,
-        )
-    click.echo(summary.to_json())
-    if summary.exit_code:
-        raise SystemExit(summary.exit_code)
+        ),
+        lambda status, code, seconds: RunSummary(slot=slot, status=status, exit_code=code, seconds=seconds),
+        progress=progress,
+        cut_short="nothing of the unfinished step was published",
+        interrupted=lambda summary: (f"{summary.batches} batch(es) committed; the unfinished batch was abandoned "
+                                     "(the next run reads it again)"),
+    )

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 
 import click
 
-from pgpoll import stopping
-from pgpoll.cli.boundary import report_error
+from pgpoll.cli.job_runner import run_job
 from pgpoll.cli.options import csv_values, dsn_option
 from pgpoll.cli.progress import Progress
 from pgpoll.snapshot.run import SnapshotOptions, SnapshotSummary, run_snapshot
-from pgpoll.stopping import StopRequest
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|min|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -66,33 +63,14 @@ def command(slot: str, output: str, publications: tuple[str, ...], tables: tuple
         row_filters=row_filters, chunk_rows=chunk_rows, parallelism=parallelism, lock_timeout_s=lock_timeout_s,
         wait_timeout_s=wait_timeout_s, shared_snapshot_timeout_s=shared_snapshot_timeout_s, dsn=dsn,
     )
-    started = time.monotonic()
     progress = Progress()
     if as_json:
         progress.enabled = False
-    stop = StopRequest()
-    restore = stopping.install(stop)
-    try:
-        summary = run_snapshot(opts, stop=stop, show_progress=progress.update if progress.enabled else None)
-    except Exception as error:
-        progress.done()
-        if stop.requested:
-            click.echo(f"interrupted by signal {stop.signum}: finished chunks are kept; rerun to resume", err=True)
-            code, status = stop.exit_code, "interrupted"
-        else:
-            code, status = report_error(error), "error"
-        failed = SnapshotSummary(slot=slot, status=status, exit_code=code, seconds=round(time.monotonic() - started, 3))
-        click.echo(failed.to_json())
-        raise SystemExit(code) from None
-    finally:
-        restore()
-    progress.done()
-    if summary.status == "interrupted":
-        click.echo(
-            f"interrupted by signal {stop.signum}: {summary.chunks_read} chunk(s) read by this run are kept; "
-            "rerun the same command to read the others",
-            err=True,
-        )
-    click.echo(summary.to_json())
-    if summary.exit_code:
-        raise SystemExit(summary.exit_code)
+    run_job(
+        lambda stop: run_snapshot(opts, stop=stop, show_progress=progress.update if progress.enabled else None),
+        lambda status, code, seconds: SnapshotSummary(slot=slot, status=status, exit_code=code, seconds=seconds),
+        progress=progress,
+        cut_short="finished chunks are kept; rerun to resume",
+        interrupted=lambda summary: (f"{summary.chunks_read} chunk(s) read by this run are kept; rerun the same "
+                                     "command to read the others"),
+    )

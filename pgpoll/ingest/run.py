@@ -111,16 +111,9 @@ def _preflight(control: ControlConnection, opts: IngestOptions) -> tuple[str, sl
             "create the slot without --two-phase for pgpoll ingest",
         )
     if opts.row_filters:
-        if plugin != "test_decoding":
-            raise ConfigError(
-                "--row-filter is for test_decoding slots; with pgoutput the server applies publication row filters",
-                "put the filter on the publication: pgpoll publication create NAME --table 'schema.tbl WHERE (expr)'",
-            )
-        from pgpoll.rowfilter.expression import parse_row_filter
-        from pgpoll.source.row_filter_check import check_row_filters
+        from pgpoll.source.row_filter_check import checked_client_row_filters
 
-        filters = [parse_row_filter(spec) for spec in opts.row_filters]
-        control.call(lambda c: check_row_filters(c, filters))
+        control.call(lambda c: checked_client_row_filters(c, plugin, opts.row_filters))
     if plugin == "pgoutput":
         if not opts.publications:
             raise ConfigError(  # a usage error (exit 2), as in `slot peek`; a named one that is missing is exit 4

@@ -124,16 +124,9 @@ def _preflight(control: ControlConnection, opts: SnapshotOptions) -> tuple[str, 
     if plugin == "pgoutput" and not opts.publications:
         raise ConfigError(f'slot "{opts.slot}" uses pgoutput, which needs a publication', "pass --publication NAME")
     if opts.row_filters:
-        if plugin != "test_decoding":
-            raise ConfigError(
-                "--row-filter is for test_decoding slots; with pgoutput the publication's row filters apply",
-                "put the filter on the publication: pgpoll publication create NAME --table 'schema.tbl WHERE (expr)'",
-            )
-        from pgpoll.rowfilter.expression import parse_row_filter
-        from pgpoll.source.row_filter_check import check_row_filters
+        from pgpoll.source.row_filter_check import checked_client_row_filters
 
-        filters = [parse_row_filter(spec) for spec in opts.row_filters]
-        control.call(lambda c: check_row_filters(c, filters))
+        control.call(lambda c: checked_client_row_filters(c, plugin, opts.row_filters))
     patterns = TablePatterns(tuple(opts.tables), tuple(opts.exclude_tables))
     tables = list(control.call(lambda c: snapshot_tables(
         c, plugin=plugin, publications=list(opts.publications), patterns=patterns)))

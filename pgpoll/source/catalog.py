@@ -22,15 +22,19 @@ from pgpoll.source.server_errors import translate
 from pgpoll.source.session import pinned_transaction
 from pgpoll.typed.schemas import CatalogTable
 
-_TABLE_SQL = """
-SELECT c.oid, c.relreplident,
-       COALESCE((SELECT array_agg(a.attname::text ORDER BY k.ord)
+#: The replica-identity key of ``pg_class c`` (the primary key, or the REPLICA IDENTITY USING INDEX index),
+#: its columns in index order; ``{}`` under FULL or NOTHING. A SQL expression, shared with the snapshot's catalog.
+IDENTITY_KEY_SQL = """COALESCE((SELECT array_agg(a.attname::text ORDER BY k.ord)
                    FROM pg_index i
                    CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
                    JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
                   WHERE i.indrelid = c.oid
                     AND CASE c.relreplident WHEN 'd' THEN i.indisprimary WHEN 'i' THEN i.indisreplident ELSE false END),
-                '{}')
+                '{}')"""
+
+_TABLE_SQL = f"""
+SELECT c.oid, c.relreplident,
+       {IDENTITY_KEY_SQL}
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE n.nspname = %s AND c.relname = %s
 """

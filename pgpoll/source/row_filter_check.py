@@ -23,11 +23,11 @@ import psycopg2
 
 from pgpoll.errors import ConfigError
 from pgpoll.rowfilter.evaluate import TableFilters
-from pgpoll.rowfilter.expression import RowFilter
+from pgpoll.rowfilter.expression import RowFilter, parse_row_filter
 from pgpoll.source.names import double_quote
 from pgpoll.source.server_errors import translate
 
-__all__ = ["check_row_filters"]
+__all__ = ["check_row_filters", "checked_client_row_filters"]
 
 _TABLE = """
 SELECT c.oid, c.relkind, c.relreplident
@@ -118,3 +118,20 @@ def _check_table(cur: Any, grouped: TableFilters, schema: str, table: str) -> tu
             relation=f"{schema}.{table}",
         )
     return key
+
+
+def checked_client_row_filters(conn: Any, plugin: str, specs: Sequence[str]) -> list[RowFilter]:
+    """``--row-filter`` specs parsed and checked for a slot of ``plugin`` (ingest's and snapshot's rule).
+
+    Client-side filters are for test_decoding slots only: with pgoutput the
+    server applies the publication's own row filters, so a filter here would
+    be a second, silently different one.
+    """
+    if plugin != "test_decoding":
+        raise ConfigError(
+            "--row-filter is for test_decoding slots; with pgoutput the server applies publication row filters",
+            "put the filter on the publication: pgpoll publication create NAME --table 'schema.tbl WHERE (expr)'",
+        )
+    filters = [parse_row_filter(spec) for spec in specs]
+    check_row_filters(conn, filters)
+    return filters

@@ -39,7 +39,7 @@ from typing import Any
 import psycopg2
 
 from pgpoll.errors import ConfigError, PublicationNotFoundError
-from pgpoll.source.catalog import catalog_table
+from pgpoll.source.catalog import IDENTITY_KEY_SQL, catalog_table
 from pgpoll.source.names import quote_ident
 from pgpoll.source.server_errors import translate
 from pgpoll.source.session import pinned_transaction
@@ -174,15 +174,9 @@ SELECT n.nspname::text, c.relname::text, c.relkind::text, c.relispartition,
  ORDER BY 1, 2
 """
 
-_RELATION_SQL = """
+_RELATION_SQL = f"""
 SELECT c.oid, c.relkind::text, c.relreplident::text,
-       COALESCE((SELECT array_agg(a.attname::text ORDER BY k.ord)
-                   FROM pg_index i
-                   CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-                  WHERE i.indrelid = c.oid
-                    AND CASE c.relreplident WHEN 'd' THEN i.indisprimary WHEN 'i' THEN i.indisreplident ELSE false END),
-                '{}'),
+       {IDENTITY_KEY_SQL},
        COALESCE(pg_relation_filenode(c.oid)::bigint,
                 (SELECT sum(pg_relation_filenode(pt.relid)::bigint) FROM pg_partition_tree(c.oid) pt WHERE pt.isleaf),
                 0)::bigint,
