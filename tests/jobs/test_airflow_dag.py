@@ -217,6 +217,19 @@ def test_airflow_dags_test_lands_the_changes_materializes_them_and_a_busy_slot_i
     current = pads.dataset(state_dir / "public.items", format="parquet").to_table()
     assert sorted(current.column("id").to_pylist()) == list(range(6, 201))
 
+    # the snapshot DAG, by hand, with the same Variable: the real jobs/snapshot.py reads the table's rows
+    # (the 195 that exist now, which ingest also captured) into the same output
+    snap_env = {**env, "AIRFLOW_VAR_PGPOLL_INGEST": json.dumps(
+        {**config, "snapshot": {"application": str(REPO / "jobs" / "snapshot.py"), "parallelism": 1}})}
+    snap = airflow("dags", "test", "pgpoll_snapshot", "2024-01-02T12:00:00+00:00", "--conf",
+                   json.dumps({"tables": "public.items"}), env=snap_env)
+    assert snap.returncode == 0, (snap.stdout + snap.stderr)[-5000:]
+    snap_runs = [(r, st) for r, st, _t in _task_instances(airflow.home, "snapshot", "pgpoll_snapshot")]
+    assert len(snap_runs) == 1 and snap_runs[0][1] == "success", snap_runs
+    snapped = _xcom(airflow.home, snap_runs[0][0], "return_value", "snapshot", "pgpoll_snapshot")
+    assert snapped["status"] == "ok" and snapped["rows"] == 195 and snapped["tables"] == 1, snapped
+    assert list((Path(cap.output) / "_pgpoll" / "snapshots").glob("*/complete.json"))
+
     # another run holds the output's lease: pgpoll exits 3 and the task ends skipped, not failed or retried;
     # materialize (trigger rule all_success) is skipped with it
     holder = Lease(open_output(config["output"]), run="another-run", slot=cap.slot, enabled=True)

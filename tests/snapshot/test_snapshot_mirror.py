@@ -3,7 +3,7 @@
 
 Writers run during the snapshot (inserts, deletes, updates of TOASTed rows' other columns, key
 updates that move rows across chunk boundaries, TRUNCATE); the snapshot is SIGKILLed and resumed;
-ingest runs during and after it. The visibility race is forced with a commit that waits for a
+ingest crashes and runs while the snapshot process reads. The visibility race is forced with a commit that waits for a
 synchronous standby that does not exist: its commit record is in the WAL before a chunk is read
 while the transaction is still invisible to that chunk's snapshot.
 """
@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from pgpoll.cli.main import cli
 from pgpoll.sink.layout import table_dir_name
-from tests.ingest.conftest import REPO, RunResult, _summary, ingest
+from tests.ingest.conftest import REPO, RunResult, _summary, ingest, ingest_process
 from tests.materialize.conftest import materialize
 from tests.materialize.test_mirror import Workload, _assert_mirror
 
@@ -120,8 +120,14 @@ def test_snapshot_and_changes_mirror_the_source(db: Any, spark: Any, tmp_path: P
     writer = Writer(db, seed=5)
     writer.start()
     try:
-        snapshot_killed(db.dsn, snap_args, after=12)  # killed mid-way (or finished): the rerun resumes
-        done = snapshot(db.dsn, *snap_args)
+        # the snapshot (its own process, SIGKILLed mid-way) runs while ingest crashes once and then runs
+        snapper = threading.Thread(target=snapshot_killed, args=(db.dsn, snap_args, 12.0), daemon=True)
+        snapper.start()
+        crashed = ingest_process(db.dsn, *ingest_args, env={"PGPOLL_FAULT": "after-write"})
+        assert crashed.exit_code == 137, crashed.stderr[-2000:]
+        assert ingest(db.dsn, *ingest_args).exit_code == 0
+        snapper.join(timeout=300)
+        done = snapshot(db.dsn, *snap_args)  # resumes the killed one (or finds it complete)
     finally:
         writer.finish()
     assert done.exit_code == 0, done.stderr
@@ -140,6 +146,31 @@ def test_snapshot_and_changes_mirror_the_source(db: Any, spark: Any, tmp_path: P
     plan = json.loads(next((out / "_pgpoll" / "snapshots").glob("*/plan.json")).read_text())
     modes = {t["table"]: t["mode"] for t in plan["tables"]}
     assert modes["t_narrow"] == "chunked" and modes["t_toast"] == "shared"
+
+
+@pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
+def test_existing_rows_of_every_type_mirror_on_every_version(db_any: Any, spark: Any, tmp_path: Path, plugin: str) -> None:
+    """The server's own text of every type, per version and plugin: snapshot rows and later changes agree with it."""
+    db = db_any
+    db.require_plugin(plugin)
+    work = _fill(db, seed=db.major, statements=60)
+    slot = db.slot_name()
+    db.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, %s)", (slot, plugin))
+    out = tmp_path / "out"
+    args = ["--slot", slot, "--output", str(out)]
+    if plugin == "pgoutput":
+        db.execute(f"CREATE PUBLICATION mirror FOR TABLE {', '.join(TABLES)}")
+        args += ["--publication", "mirror"]
+    else:
+        args += ["--tables", ",".join(f"public.{t}" for t in TABLES)]
+    done = snapshot(db.dsn, *args)
+    assert done.exit_code == 0, done.stderr
+    work.run(20)
+    assert ingest(db.dsn, *args, "--typed-tables").exit_code == 0
+    code, _tables, err = materialize(str(out))
+    assert code == 0, err
+    for table in TABLES:
+        _assert_mirror(db, spark, out, table)
 
 
 def test_a_commit_waiting_for_a_synchronous_standby_is_applied_over_the_snapshot(db: Any, spark: Any,
