@@ -84,7 +84,7 @@ def command(output: str | None, slot: str | None, max_lag_bytes: int | None, as_
         names = ", ".join(s.info.name for s in report.lost)
         raise SlotInvalidatedError(
             f"slot(s) {names} lost the WAL they need (wal_status = lost)",
-            "drop and recreate the slot, then re-snapshot the captured tables",
+            "drop and recreate the slot, then `pgpoll snapshot` the captured tables into a new output",
         )
     if report.lagging:
         for s in report.lagging:

@@ -103,7 +103,7 @@ def _preflight(control: ControlConnection, opts: IngestOptions) -> tuple[str, sl
     if info.wal_status == "lost":
         raise SlotInvalidatedError(
             f'slot "{opts.slot}" has lost WAL it needed (wal_status = lost)',
-            "drop and recreate the slot, then re-snapshot the captured tables",
+            "drop and recreate the slot, then `pgpoll snapshot` the captured tables into a new output",
         )
     if info.two_phase:
         raise WrongPluginError(

@@ -116,7 +116,7 @@ def translate(exc: psycopg2.Error, *, slot: str | None = None) -> PgpollError:
     if any(marker in both for marker in _INVALIDATED):
         return SlotInvalidatedError(
             msg,
-            "the slot lost WAL it needed: drop and recreate it, then re-snapshot the captured tables",
+            "the slot lost WAL it needed: drop and recreate it, then `pgpoll snapshot` the captured tables into a new output",
             sqlstate=code,
         )
     if "was not created in this database" in low:

@@ -143,7 +143,7 @@ def check_usable(info: SlotInfo) -> SlotInfo:
         raise SlotInvalidatedError(
             f'replication slot "{info.name}" has been invalidated (wal_status lost): the WAL it needed was removed',
             f"drop and recreate it (pgpoll slot drop {info.name}; pgpoll slot create {info.name} --plugin "
-            f"{info.plugin}), then re-snapshot the captured tables",
+            f"{info.plugin}), then `pgpoll snapshot` the captured tables into a new output",
         )
     return info
 

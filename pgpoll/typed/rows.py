@@ -126,7 +126,7 @@ class TypedLayout:
                 f'typed table {where} stores its column "{clash.name}" as "{clash.physical}", now the name of '
                 "a pgpoll meta column (written before pgpoll added it)",
                 "write this table's typed changes to a new output, or move its typed files and column ledger "
-                "(_pgpoll/tables/) aside and re-snapshot the table",
+                "(_pgpoll/tables/) aside and run `pgpoll snapshot --tables` for the table",
             )
         for described in shapes:
             names = physical.setdefault(described.schema_id, {})
