@@ -23,7 +23,7 @@ from typing import Any
 
 from pgpoll.errors import SinkError
 from pgpoll.sink.filesystem import OutputFs
-from pgpoll.sink.snapshot_store import SnapshotStore, list_snapshots, manifest_name
+from pgpoll.sink.snapshot_store import CompleteEntry, SnapshotStore, complete_snapshots, manifest_name, newest_holding
 from pgpoll.typed.mapping import PgType
 from pgpoll.typed.schemas import IDENTITY_FULL, ColumnSchema, TableSchema
 from pgpoll.xids import Snapshot
@@ -108,17 +108,12 @@ class SnapshotCatalog:
 
     def __init__(self, fs: OutputFs) -> None:
         self.fs = fs
-        self._plans: list[tuple[SnapshotStore, dict[str, Any], dict[str, Any]]] | None = None
+        self._plans: list[CompleteEntry] | None = None
 
-    def _complete(self) -> list[tuple[SnapshotStore, dict[str, Any], dict[str, Any]]]:
+    def _complete(self) -> list[CompleteEntry]:
         """``(store, plan, complete)`` of each complete snapshot, newest first."""
         if self._plans is None:
-            self._plans = []
-            for sid in reversed(list_snapshots(self.fs)):
-                store = SnapshotStore(self.fs, sid)
-                done = store.complete()
-                if done is not None:
-                    self._plans.append((store, store.plan(), done))
+            self._plans = complete_snapshots(self.fs)
         return self._plans
 
     def table_dirs(self) -> set[str]:
@@ -127,11 +122,11 @@ class SnapshotCatalog:
 
     def latest(self, schema: str, table: str) -> TableSnapshot | None:
         """The table in the complete snapshot with the greatest id that holds it (None: no snapshot)."""
-        for store, plan, done in self._complete():
-            for t in plan.get("tables", ()):
-                if (t.get("schema"), t.get("table")) == (schema, table):
-                    return _table(store, plan, done, t)
-        return None
+        found = newest_holding(self._complete(), schema, table)
+        if found is None:
+            return None
+        (store, plan, done), entry = found
+        return _table(store, plan, done, entry)
 
 
 def _table(store: SnapshotStore, plan: dict[str, Any], done: dict[str, Any], t: dict[str, Any]) -> TableSnapshot:

@@ -241,21 +241,38 @@ class CompleteSnapshot:
         return [f"{self.data_dir}/{f}" for m in self.manifests for f in m.get("files", ())]
 
 
-def latest_complete(fs: OutputFs, schema: str, table: str) -> CompleteSnapshot | None:
-    """The complete snapshot with the greatest id that contains ``schema.table``, or None."""
+CompleteEntry = tuple[SnapshotStore, dict[str, Any], dict[str, Any]]
+
+
+def complete_snapshots(fs: OutputFs) -> list[CompleteEntry]:
+    """``(store, plan, complete.json)`` of every complete snapshot, newest first (ids sort by start time)."""
+    out: list[CompleteEntry] = []
     for sid in reversed(list_snapshots(fs)):
         store = SnapshotStore(fs, sid)
         done = store.complete()
-        if done is None:
-            continue
-        plan = store.plan()
-        entry = next((t for t in plan.get("tables", ()) if t.get("schema") == schema and t.get("table") == table), None)
-        if entry is None:
-            continue
-        manifests = store.manifests(str(entry["dir"]))
-        return CompleteSnapshot(sid, plan, entry, [manifests[n] for n in sorted(manifests)], done,
-                                store.data(str(entry["dir"])))
+        if done is not None:
+            out.append((store, store.plan(), done))
+    return out
+
+
+def newest_holding(snapshots: list[CompleteEntry], schema: str, table: str) -> tuple[CompleteEntry, dict[str, Any]] | None:
+    """The newest of ``snapshots`` whose plan holds ``schema.table``, with that table's plan entry."""
+    for entry in snapshots:
+        t = next((t for t in entry[1].get("tables", ()) if t.get("schema") == schema and t.get("table") == table), None)
+        if t is not None:
+            return entry, t
     return None
+
+
+def latest_complete(fs: OutputFs, schema: str, table: str) -> CompleteSnapshot | None:
+    """The complete snapshot with the greatest id that contains ``schema.table``, or None."""
+    found = newest_holding(complete_snapshots(fs), schema, table)
+    if found is None:
+        return None
+    (store, plan, done), entry = found
+    manifests = store.manifests(str(entry["dir"]))
+    return CompleteSnapshot(store.snapshot_id, plan, entry, [manifests[n] for n in sorted(manifests)], done,
+                            store.data(str(entry["dir"])))
 
 
 def table_lease(fs: OutputFs, schema: str, table: str, *, run: str, slot: str, enabled: bool | None = None) -> Lease:
