@@ -29,8 +29,10 @@ def main() -> int:
         [sys.executable, str(HERE / "bench_test_decoding.py"), "--lines", changes],
         [sys.executable, str(HERE / "report.py"), "--sizes", f"100000,{changes}", "--repeat", repeat],
         [sys.executable, str(HERE / "bench_typed.py"), "--changes", "100000"],
+        [sys.executable, str(HERE / "bench_startup.py"), "--batches", "10,10000", "--repeat", repeat],
         [sys.executable, str(HERE / "bench_snapshot.py"), "--rows", os.environ.get("PGPOLL_BENCH_SNAPSHOT_ROWS", "2000000"),
          "--repeat", repeat],
+        [sys.executable, str(HERE / "bench_delta.py"), "--rows", os.environ.get("PGPOLL_BENCH_DELTA_ROWS", "2000000"), "--small"],
     ]
     status = 0
     for cmd in runs:

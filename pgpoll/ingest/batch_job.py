@@ -1,4 +1,4 @@
-"""One batch as one Spark job: the task writes the staged batch, the driver gets its outcome back.
+"""One batch: the task writes the staged batch, the driver gets its outcome back.
 
 Where the task can reach the output (a local path or ``file:`` URI) it writes
 the Parquet files itself with pyarrow, typed tables included, in a
@@ -7,19 +7,32 @@ with ``PGPOLL_WRITER=spark``) Spark's writer takes the task's Arrow batches
 through ``mapInArrow`` and the outcome comes back in an accumulator (see
 :mod:`pgpoll.sink.parquet_writer`). Nothing here publishes or advances: the
 batch is only staged, under its plan (:mod:`pgpoll.sink.batches`).
+
+A small batch runs in the driver instead (``in_driver``): the same task
+function, called in this process, with no Spark job. A Spark job costs
+seconds of fixed time — scheduling, and on a run's first job the start of a
+Python worker (about 4 s here) — while a batch of a few megabytes of WAL
+decodes in well under a second; and an ingest run that finds nothing new
+still peeks twice (the changes since the last run, then its own end-of-run
+heartbeat). :func:`driver_batch_wal` says how much WAL the slot may be behind
+for a batch to run in the driver: the batch can hold no more changes than
+that WAL, so the driver's memory and time stay small (and a large
+transaction still spills to a local file, as in an executor).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from pgpoll.errors import SinkError, first_line
+from pgpoll.errors import ConfigError, SinkError, first_line
 from pgpoll.ingest import faults
-from pgpoll.ingest.task import BatchOutcome, BatchSpec, pyarrow_task, spark_task
+from pgpoll.ingest.task import BatchOutcome, BatchSpec, pyarrow_task, spark_task, write_batch_here
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
 from pgpoll.sink.batches import BatchSink, Plan
@@ -31,6 +44,27 @@ from pgpoll.spark.session import debug_requested
 from pgpoll.stopping import StopRequest
 
 log = logging.getLogger("pgpoll.ingest")
+
+DRIVER_BATCH_ENV = "PGPOLL_DRIVER_BATCH_WAL"
+"""Bytes of WAL the slot may be behind for a batch to run in the driver (``0``: every batch is a Spark job)."""
+
+DRIVER_BATCH_WAL = 16 << 20
+"""The default of :data:`DRIVER_BATCH_ENV`: 16 MiB of WAL, about 100,000 small row changes at most."""
+
+
+def driver_batch_wal() -> int:
+    """The WAL lag (bytes) up to which a batch runs in the driver (``PGPOLL_DRIVER_BATCH_WAL``, default 16 MiB)."""
+    raw = os.environ.get(DRIVER_BATCH_ENV, "").strip()
+    if not raw:
+        return DRIVER_BATCH_WAL
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"{DRIVER_BATCH_ENV}={raw!r} is not a number of bytes",
+                          f"set {DRIVER_BATCH_ENV} to a whole number of bytes (0: always a Spark job)")
+    return value
 
 
 class _Outcomes:
@@ -57,9 +91,12 @@ class StoppedError(Exception):
 
 def run_batch(
     spark: Any, sink: BatchSink, plan: Plan, spec: BatchSpec, control: ControlConnection,
-    stop: StopRequest | None = None,
+    stop: StopRequest | None = None, *, in_driver: bool = False,
 ) -> BatchOutcome:
     """One Spark job writing ``plan.staging``; returns the task's outcome (retried when transient).
+
+    ``in_driver``: the pyarrow task runs in this process, no Spark job (``spark``
+    may be None; the output must be one pyarrow reaches: see the module docstring).
 
     Where the task can reach the output (a local path or ``file:`` URI) it
     writes the Parquet files itself with pyarrow, typed tables included, in a
@@ -72,7 +109,7 @@ def run_batch(
     a server crash can return the slot to its last checkpointed position, and a
     peek from there would show only changes the output already holds.
     """
-    writer = choose_writer(plan.staging)
+    writer = PYARROW if in_driver else choose_writer(plan.staging)
     if writer == PYARROW:
         spec = replace(spec, target=StagingTarget.of(
             plan.staging, plan.tables_staging, sink.fs.path(layout.LEDGERS)))
@@ -82,18 +119,13 @@ def run_batch(
                 control.advance(Lsn(spec.high_water_mark))
             sink.fs.delete(plan.staging)  # a failed attempt's leftovers (the plan file stays)
             sink.fs.delete(plan.tables_staging)
-            acc = spark.sparkContext.accumulator({}, _Outcomes())
+            acc = None if in_driver else spark.sparkContext.accumulator({}, _Outcomes())
             collected: list[BatchOutcome] = []
-            if writer == PYARROW:
-                job = spark.sparkContext.parallelize([0], 1).mapPartitions(pyarrow_task(spec))
-            else:
-                frame = spark.range(1, numPartitions=1).mapInArrow(spark_task(spec, acc), SPARK_DDL)
-            forget = stop.on_request(lambda: cancel_quietly(spark)) if stop is not None else (lambda: None)
+            work = _batch_work(spark, spec, plan, writer, acc, collected, in_driver)
+            forget = (stop.on_request(lambda: cancel_quietly(spark)) if stop is not None and not in_driver
+                      else (lambda: None))
             try:
-                if writer == PYARROW:
-                    collected.extend(job.collect())
-                else:
-                    frame.write.mode("errorifexists").parquet(plan.staging)
+                work()
             except Exception as exc:
                 if stop is not None and stop.requested:
                     sink.discard(plan)
@@ -108,7 +140,8 @@ def run_batch(
                 ) from None
             finally:
                 forget()
-            outcome: BatchOutcome | None = collected[0] if collected else acc.value.get("outcome")
+            outcome: BatchOutcome | None = (
+                collected[0] if collected else acc.value.get("outcome") if acc is not None else None)
             if outcome is None:
                 sink.discard(plan)
                 raise SinkError("the batch task reported nothing", "check the Spark executor logs")
@@ -119,6 +152,18 @@ def run_batch(
                 raise outcome.error
             return outcome
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _batch_work(spark: Any, spec: BatchSpec, plan: Plan, writer: str, acc: Any, collected: list[BatchOutcome],
+                in_driver: bool) -> Callable[[], None]:
+    """What runs the batch: the task in this process, a pyarrow RDD job, or ``mapInArrow`` into Spark's writer."""
+    if in_driver:
+        return lambda: collected.append(write_batch_here(spec))
+    if writer == PYARROW:
+        job = spark.sparkContext.parallelize([0], 1).mapPartitions(pyarrow_task(spec))
+        return lambda: collected.extend(job.collect())
+    frame = spark.range(1, numPartitions=1).mapInArrow(spark_task(spec, acc), SPARK_DDL)
+    return lambda: frame.write.mode("errorifexists").parquet(plan.staging)
 
 
 def save_reject(sink: BatchSink, reject: dict[str, Any]) -> None:

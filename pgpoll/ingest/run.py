@@ -10,6 +10,14 @@ advances the slot to the batch's last COMMIT (or non-transactional message)
 LSN. A run that catches up ends with a heartbeat batch, so the slot ends past
 everything it saw. Exactly once rests on that fence, not on the lease, which
 only gives a second run its fast "busy" answer.
+
+Spark starts only when a batch needs it. For a local or ``file:`` output the
+driver reads and writes the output itself (no JVM), and a batch whose slot is
+at most a few megabytes of WAL behind runs in the driver
+(:func:`pgpoll.ingest.batch_job.driver_batch_wal`): a scheduled run that finds
+little or nothing new — the usual case of a 5-minute schedule — then starts no
+SparkSession at all. Other outputs go through Hadoop's filesystem, so Spark
+starts first.
 """
 
 from __future__ import annotations
@@ -20,20 +28,22 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from pgpoll import stopping
 from pgpoll.errors import ConfigError, PgpollError, PublicationNotFoundError, SinkError, SlotInvalidatedError, WrongPluginError
 from pgpoll.ingest import faults
-from pgpoll.ingest.batch_job import StoppedError, run_batch
+from pgpoll.ingest.batch_job import StoppedError, driver_batch_wal, run_batch
 from pgpoll.ingest.progress_channel import BatchProgressLog, ProgressListener
 from pgpoll.ingest.task import BatchSpec
 from pgpoll.lsn import Lsn
+from pgpoll.sink import layout
 from pgpoll.sink.batches import BatchSink
 from pgpoll.sink.filesystem import local_path, open_output
 from pgpoll.sink.lease import Lease, LeaseKeeper
+from pgpoll.sink.parquet_writer import PYARROW, choose_writer
 from pgpoll.sink.typed_tables import SchemaStore, stage_typed_tables
 from pgpoll.source import slots as slot_access
 from pgpoll.source.connection import resolve_dsn
@@ -85,6 +95,7 @@ class RunSummary:
     exit_code: int = 0
     fenced: bool | None = None  # False: the output's store cannot create files atomically (lease only)
     writer: str | None = None  # "pyarrow" (the batch task writes Parquet itself) or "spark" (Spark's writer)
+    spark_jobs: int = 0  # batches run as a Spark job (the others ran in the driver: small batches)
     task_peak_rss_kb: int | None = None
     recovery: dict[str, Any] = field(default_factory=dict)
 
@@ -177,13 +188,54 @@ def _write_counts(control: ControlConnection, plugin: str, opts: IngestOptions) 
 
 
 def _progress_listener(spark: Any, show: Callable[[str], None] | None) -> ProgressListener | None:
-    """The driver's end of the progress side channel, on the address executors reach; None if it cannot listen."""
-    host = str(spark.conf.get("spark.driver.host", "127.0.0.1"))
+    """The driver's end of the progress side channel, on the address executors reach; None if it cannot listen.
+
+    Without a SparkSession (batches in the driver only) it listens on the loopback address.
+    """
+    host = str(spark.conf.get("spark.driver.host", "127.0.0.1")) if spark is not None else "127.0.0.1"
     try:
         return ProgressListener(host, BatchProgressLog(show))
     except OSError as exc:
         log.debug("no progress channel on %s: %s", host, exc)
         return None
+
+
+class _SparkOnDemand:
+    """The run's SparkSession, started the first time a batch needs a Spark job (see the module docstring)."""
+
+    def __init__(self, spark: Any, stop: StopRequest | None, show_progress: Callable[[str], None] | None) -> None:
+        self.session = spark
+        self.stop = stop
+        self.show_progress = show_progress
+        self.listener: ProgressListener | None = None
+        self._ready = False
+
+    def get(self) -> Any:
+        """The session, started (and configured for pgpoll's writes) if it was not yet."""
+        if self.session is None:
+            self.session = spark_session("pgpoll-ingest")
+        if not self._ready:
+            configure_writes(self.session)
+            stopping.reclaim(self.stop)  # SparkContext replaced the SIGINT handler with its own
+            self._ready = True
+            self._listen()
+        return self.session
+
+    def _listen(self) -> None:
+        """(Re)open the progress channel where executors reach the driver."""
+        if self.listener is not None:
+            self.listener.close()
+        self.listener = _progress_listener(self.session, self.show_progress)
+
+    def progress_address(self) -> Any:
+        """Where tasks send progress (a loopback channel until Spark starts)."""
+        if self.listener is None:
+            self._listen()
+        return self.listener.address if self.listener is not None else None
+
+    def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
 
 
 def run_ingest(
@@ -213,7 +265,7 @@ def run_ingest(
             parse_row_filter(text)
     check_local_output(opts.output)  # a local output's problems are found before Spark's start-up
     summary = RunSummary(slot=opts.slot)
-    listener: ProgressListener | None = None
+    sparks = _SparkOnDemand(spark, stop, show_progress)
     lease: Lease | None = None
     keeper: LeaseKeeper | None = None
     target = resolve_dsn(opts.dsn)
@@ -224,15 +276,13 @@ def run_ingest(
     try:
         plugin, _info = _preflight(control, opts)
         summary.plugin = plugin
-        if local_path(opts.output) is not None:  # a local output's lease needs no JVM: "busy" before Spark starts
+        local = local_path(opts.output) is not None
+        if local:  # a local output's lease needs no JVM: "busy" before Spark starts
             lease = Lease(open_output(opts.output), run=run_id, slot=opts.slot)
             lease.acquire()  # the fast "busy" answer (exit 3 at once); correctness rests on the commit log's fence
             keeper = LeaseKeeper(lease)
-        spark = spark or spark_session("pgpoll-ingest")
-        configure_writes(spark)
-        stopping.reclaim(stop)  # SparkContext replaced the SIGINT handler with its own
-        listener = _progress_listener(spark, show_progress)
-        sink = _open_sink(spark, opts.output, run_id)
+        # a local output is read and written by the driver itself; others through Hadoop's filesystem (Spark first)
+        sink = _open_sink(None if local else sparks.get(), opts.output, run_id)
         sink.check_writable()
         if lease is None:  # other stores: through Hadoop's filesystem, once Spark runs
             lease = Lease(sink.fs, run=run_id, slot=opts.slot)
@@ -245,6 +295,7 @@ def run_ingest(
         options = tuple(slot_access.peek_options(plugin, publications=list(opts.publications)))
         patterns = TablePatterns(tuple(opts.tables), tuple(opts.exclude_tables))
         batches_started = time.monotonic()
+        small_wal = driver_batch_wal() if local and choose_writer(sink.fs.path(layout.STAGING)) == PYARROW else 0
         heartbeat_sent = False  # a run that catches up ends with a heartbeat batch (see below)
         stats: dict[str, Any] | None = None
         while True:
@@ -270,16 +321,21 @@ def run_ingest(
                 dsn=target.dsn, slot=opts.slot, plugin=plugin, options=options, upto_nchanges=limit,
                 high_water_mark=int(hwm) if hwm is not None else None, tables=patterns, fault=fault,
                 row_filters=tuple(opts.row_filters), typed_tables=opts.typed_tables,
-                progress=listener.address if listener is not None else None, batch_number=number,
+                progress=sparks.progress_address(), batch_number=number,
             )
-            if listener is not None:
-                listener.start_batch(number)
+            in_driver = small_wal > 0 and (lag := control.wal_lag()) is not None and lag <= small_wal
+            if not in_driver:
+                sparks.get()
+                spec = replace(spec, progress=sparks.progress_address())  # the channel executors reach
+            if sparks.listener is not None:
+                sparks.listener.start_batch(number)
             try:
-                outcome = run_batch(spark, sink, plan, spec, control, stop)
+                outcome = run_batch(sparks.session, sink, plan, spec, control, stop, in_driver=in_driver)
             except StoppedError:
                 summary.status, summary.exit_code = "interrupted", stop.exit_code if stop is not None else 130
                 break
             summary.writer = outcome.writer
+            summary.spark_jobs += 0 if in_driver else 1
             caught_up = outcome.peeked_rows < limit  # the peek returned everything there was
             if outcome.advance_to is None or (hwm is not None and outcome.advance_to <= hwm):
                 sink.discard(plan)
@@ -290,7 +346,8 @@ def run_ingest(
                 break
             schemas = schema_store.save(outcome.schemas)
             typed = (
-                stage_typed_tables(spark, sink.fs, plan.staging, schemas, outcome)
+                stage_typed_tables(sparks.session if outcome.typed_files is not None else sparks.get(),
+                                   sink.fs, plan.staging, schemas, outcome)
                 if opts.typed_tables and outcome.changes else {}
             )
             faults.crash_if("after-write", fault)
@@ -329,8 +386,7 @@ def run_ingest(
                 lease.release()
             except PgpollError as exc:  # the lease only speeds up "busy"; it expires by itself
                 log.warning("could not release the output's lease: %s", exc.message)
-        if listener is not None:
-            listener.close()
+        sparks.close()
         control.close()
         summary.seconds = round(time.monotonic() - started, 3)
     return summary

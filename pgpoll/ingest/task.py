@@ -295,18 +295,23 @@ def write_batch(spec: BatchSpec, outcome: BatchOutcome) -> None:
         batches.close()
 
 
+def write_batch_here(spec: BatchSpec) -> BatchOutcome:
+    """:func:`write_batch` in this process (an executor's task, or the driver for a small batch); the outcome."""
+    outcome = BatchOutcome(writer=PYARROW)
+    try:
+        write_batch(spec, outcome)
+    finally:
+        outcome.extra["task_peak_rss_kb"] = _peak_rss_kb()
+    return outcome
+
+
 def pyarrow_task(spec: BatchSpec) -> Callable[[Iterator[Any]], Iterator[BatchOutcome]]:
-    """The function of the batch's one-partition RDD job: :func:`write_batch`, then yield the outcome."""
+    """The function of the batch's one-partition RDD job: :func:`write_batch_here`, then yield the outcome."""
 
     def run(_input: Iterator[Any]) -> Iterator[BatchOutcome]:
         _ignore_sigint()
         for _ in _input:
             pass
-        outcome = BatchOutcome(writer=PYARROW)
-        try:
-            write_batch(spec, outcome)
-        finally:
-            outcome.extra["task_peak_rss_kb"] = _peak_rss_kb()
-        yield outcome
+        yield write_batch_here(spec)
 
     return run

@@ -9,11 +9,16 @@ and how it is published differ:
   application transaction in that version, and its schema id is in pgpoll's
   object of the commit's ``commitInfo``;
 * Spark writes the new state's Parquet files into the table's directory
-  (``DEST/<schema>.<table>/pgpoll-<run>/``), pgpoll takes per-file statistics
+  (``DEST/<schema>.<table>/pgpoll-<run>/``), range-partitioned and sorted on
+  the key in files of bounded size, pgpoll takes per-file statistics
   (record count; min, max and null count of the key columns when they are
-  integers, strings or dates) from one pass over them, and delta-rs commits
-  them as one version that replaces the pinned one's files
-  (:mod:`pgpoll.materialize.delta_table`).
+  integers, strings or dates) from their footers (or one pass over them),
+  and delta-rs commits them as one version that replaces the pinned one's
+  files (:mod:`pgpoll.materialize.delta_table`);
+* an incremental run reads and rewrites only the pinned files that may hold
+  a key the new changes touch, when that is exact, and keeps the others
+  (:mod:`pgpoll.materialize.delta_files`); ``materialize --json`` says how
+  many files were rewritten, added and kept.
 
 Files of a run that died before its commit are in no version: readers never
 see them, and ``DeltaTable.vacuum()`` removes them with the files that older
@@ -23,14 +28,28 @@ its own files and fails (exit 5).
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pgpoll.errors import ConfigError, SinkError
 from pgpoll.lsn import Lsn
+from pgpoll.materialize.delta_files import PartialPlan, laid_out, refusal, scan_changes, schema_shape, write_options
+from pgpoll.materialize.delta_names import delta_schema_names, encode_arrow_schema, logical_stats, physical_names
 from pgpoll.materialize.delta_table import DataFile, DeltaStateTable, PinnedVersion, app_id, delta_uri, footer_files
-from pgpoll.materialize.run import STATE_FILE, MaterializeOptions, Materializer, TableState
+from pgpoll.materialize.run import (
+    STATE_FILE,
+    MaterializeOptions,
+    Materializer,
+    TableState,
+    _align,
+    _identity_segments,
+    _replay_key,
+)
+from pgpoll.materialize.state import StateColumn
 from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CommitRecord
 from pgpoll.sink.filesystem import local_path
@@ -69,6 +88,20 @@ def _stat_columns(spark_schema: Any, key: list[str]) -> list[str]:
     return [k for k in key if isinstance(types.get(k), kinds)]
 
 
+@dataclass
+class DeltaTableState(TableState):
+    """What a ``--format delta`` run did for one table, with the files its commit rewrote, added and kept."""
+
+    files: dict[str, int] | None = None
+
+    def to_json(self) -> str:
+        """One line of JSON (``files`` only when a version was committed)."""
+        out = json.loads(super().to_json())
+        if self.files is None:
+            del out["files"]
+        return json.dumps(out, sort_keys=True)
+
+
 class DeltaMaterializer(Materializer):
     """Materializes the typed tables of one output path as Delta tables (see the module docstring)."""
 
@@ -78,6 +111,10 @@ class DeltaMaterializer(Materializer):
         self.app = app_id(self.dest.root)
         self._pins: dict[str, PinnedVersion] = {}
         self._versions: dict[str, int | None] = {}
+        self._plans: dict[str, PartialPlan] = {}
+        self._files: dict[str, dict[str, int]] = {}
+        self._names: dict[str, dict[str, str]] = {}  # per table: physical column name -> PostgreSQL name
+        self._changes: dict[str, int] = {}  # changes an incremental run applies (bounds the rows it may add)
 
     def delta_table(self, name: str) -> DeltaStateTable:
         """The Delta log of the table directory ``name`` under DEST."""
@@ -87,7 +124,7 @@ class DeltaMaterializer(Materializer):
         state = super()._table(name, parsed, records)
         state.format = "delta"
         state.version = self._versions.get(name)
-        return state
+        return DeltaTableState(**{f.name: getattr(state, f.name) for f in fields(state)}, files=self._files.get(name))
 
     def _read_marker(self, name: str) -> dict[str, Any] | None:
         target = self.dest.path(name)
@@ -95,7 +132,8 @@ class DeltaMaterializer(Materializer):
             raise ConfigError(f"{target} holds a Parquet state (written with --format parquet)",
                               "materialize with --format parquet, or into another --to DEST")
         pinned = self.delta_table(name).pin()
-        self._pins[name] = pinned
+        names = self._names[name] = delta_schema_names(pinned.table.schema().to_json()) if pinned.table is not None else {}
+        pinned = self._pins[name] = replace(pinned, stats=logical_stats(pinned.stats, names))
         self._versions[name] = pinned.version
         if pinned.version is None:
             return None
@@ -111,22 +149,76 @@ class DeltaMaterializer(Materializer):
         return {"position": str(Lsn(pinned.applied)), "rows": int(meta.get("rows", 0)), "schema_id": meta["schema_id"],
                 "snapshot_id": meta.get("snapshot_id")}
 
-    def _read_previous(self, name: str) -> Any:
-        paths = [f if "://" in f or f.startswith("/") else self.dest.path(name, f) for f in self._pins[name].files]
-        return self.spark.read.option("mergeSchema", "true").parquet(*paths)
+    def _read_files(self, name: str, files: Sequence[str]) -> Any:
+        paths = [f if "://" in f or f.startswith("/") else self.dest.path(name, f) for f in files]
+        frame = self.spark.read.option("mergeSchema", "true").parquet(*paths)
+        names = self._names.get(name, {})  # columns stored under a %XX name (delta_names) get theirs back
+        return frame.toDF(*[names.get(c, c) for c in frame.columns])
+
+    def _read_previous(self, name: str, events: Any = None, key: Sequence[str] = (),
+                       columns: Sequence[StateColumn] = ()) -> Any:
+        """The pinned version's files; for an incremental run, when exact, only those ``events`` touch."""
+        from pyspark.sql import functions as F
+
+        pinned = self._pins[name]
+        whole = self._read_files(name, pinned.files)
+        self._plans.pop(name, None)
+        why = "no new changes" if events is None else self._refusal(pinned, whole, key, columns)
+        scan = None
+        if why is None:
+            scan = scan_changes(self.spark, events, columns, key, pinned.stats)
+            self._changes[name] = scan.changes
+            identity_changes = scan.shapes > 1 and len(_identity_segments(events, self.store)) > 1
+            why = "a TRUNCATE" if scan.truncated else "the replica identity changed" if identity_changes else None
+        if why is not None or scan is None:
+            log.info("%s: rewriting every file (%s)", name, why)
+            return whole
+        hit = scan.touched
+        affected = tuple(f for f in pinned.stats if f.path in hit)
+        kept = tuple(f for f in pinned.stats if f.path not in hit)
+
+        def rest() -> Any:
+            return _align(self._read_files(name, [f.path for f in kept]), list(columns))
+
+        self._plans[name] = PartialPlan(affected, kept, tuple(schema_shape(whole.schema)), rest if kept else None)
+        log.info("%s: rewriting %d of %d file(s)", name, len(affected), len(pinned.stats))
+        return self._read_files(name, [f.path for f in affected]) if affected else whole.where(F.lit(False))
+
+    def _refusal(self, pinned: PinnedVersion, whole: Any, key: Sequence[str], columns: Sequence[StateColumn]) -> str | None:
+        """Why this incremental run rewrites every file, as far as the state tells (None: the changes decide;
+        see delta_files)."""
+        if not key:
+            return "the table has no key"
+        schema_id = (pinned.meta or {}).get("schema_id")
+        previous_key = _replay_key(self.store.load(schema_id)) if isinstance(schema_id, str) else []
+        same = schema_shape(whole.schema) == schema_shape(_align(whole, list(columns)).schema)
+        return refusal(pinned.stats, key, previous_key, truncated=False, identity_changes=False,
+                       same_schema=same and _stat_columns(whole.schema, list(key)) == list(key))
 
     def _write(self, name: str, frame: Any, marker: dict[str, Any], key: list[str]) -> int:
         pinned = self._pins[name]
+        plan = self._plans.pop(name, None)
+        if plan is not None and tuple(schema_shape(frame.schema)) != plan.shape:
+            log.info("%s: the new state's schema differs from the kept files'; rewriting every file", name)
+            frame, plan = (frame if plan.rest is None else frame.unionByName(plan.rest())), None
+        if plan is not None:  # the rewritten files' rows, and at most one more per change
+            estimate: int | None = sum(f.records for f in plan.affected) + self._changes.get(name, 0)
+        else:
+            known = [f.records for f in pinned.stats]
+            estimate = sum(known) if known and min(known) >= 0 else None
         run_dir = f"{RUN_DIR_PREFIX}{self.run_id}"
         where = self.dest.path(name, run_dir)
-        frame.write.parquet(where)
+        physical = physical_names(frame.columns)  # names Delta forbids, stored as %XX (delta_names)
+        laid = laid_out(frame, key, estimate)
+        laid.toDF(*[physical[c] for c in laid.columns]).write.options(**write_options()).parquet(where)
         try:
-            files = self._data_files(where, run_dir, _stat_columns(frame.schema, key))
-            rows = sum(f.records for f in files)
+            files = self._data_files(where, run_dir, [physical[c] for c in _stat_columns(frame.schema, key)])
+            rows = sum(f.records for f in files) + (sum(f.records for f in plan.kept) if plan is not None else 0)
             meta = {**marker, "rows": rows, "run": self.run_id, "output": self.fs.root}
-            version = self.delta_table(name).commit(pinned, files, arrow_schema(frame.schema),
+            version = self.delta_table(name).commit(pinned, files, encode_arrow_schema(arrow_schema(frame.schema)),
                                                     int(Lsn.parse(marker["position"])), meta,
-                                                    force=self.opts.full or name in self.rebuilt)
+                                                    force=self.opts.full or name in self.rebuilt,
+                                                    replaces=plan.affected if plan is not None else None)
         except BaseException:
             self._discard(name, where, run_dir)
             raise
@@ -135,6 +227,7 @@ class DeltaMaterializer(Materializer):
             self.dest.delete(where)
             return int((pinned.meta or {}).get("rows", rows))
         self._versions[name] = version
+        self._files[name] = (plan or PartialPlan(pinned.stats, ())).counts(len(files))
         return rows
 
     def _discard(self, name: str, where: str, run_dir: str) -> None:

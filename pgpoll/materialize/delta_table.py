@@ -2,10 +2,15 @@
 
 Spark cannot load Delta's jars here, so Spark writes the state's Parquet files
 into the table's directory and delta-rs (``deltalake``) publishes them: one
-Delta commit per table and run that removes every file of the version the run
-read and adds the new ones (``create_write_transaction`` in ``overwrite``
-mode, which also replaces the table's schema, so ADD and DROP COLUMN reach
-the Delta schema). Nothing here needs a JVM, so it is tested on its own.
+Delta commit per table and run that either removes every file of the version
+the run read and adds the new ones (``create_write_transaction`` in
+``overwrite`` mode, which also replaces the table's schema, so ADD and DROP
+COLUMN reach the Delta schema), or, for an incremental run that rewrote only
+some files (:mod:`pgpoll.materialize.delta_files`), removes exactly those and
+adds their replacements (``append`` mode with ``RemoveAction`` entries, the
+only mode delta-rs 1.6.6 accepts them in; ``append`` keeps the table's
+schema, so that path is taken only when the schema is unchanged). Nothing
+here needs a JVM, so it is tested on its own.
 
 Three guarantees, all resting on the Delta log's own atomic create of
 ``_delta_log/<version>.json``:
@@ -67,7 +72,10 @@ def app_id(dest: str) -> str:
 
 @dataclass(frozen=True)
 class DataFile:
-    """A Parquet file written into the table's directory: its path relative to the table, size and statistics."""
+    """A Parquet file written into the table's directory: its path relative to the table, size and statistics.
+
+    ``records`` is -1 for a file of the log without a record count (written by another engine).
+    """
 
     path: str
     size: int
@@ -98,6 +106,8 @@ class PinnedVersion:
     """The transaction version (commit-log position) pgpoll recorded in that version, if any."""
     files: tuple[str, ...] = ()
     """The data files of that version, relative to the table (or absolute URIs)."""
+    stats: tuple[DataFile, ...] = ()
+    """The same files with their size and the statistics the log holds for them (None where it holds none)."""
     meta: Mapping[str, Any] | None = None
     """pgpoll's object of the newest pgpoll commit up to that version (schema id, rows...)."""
     reader_features: frozenset[str] = frozenset()
@@ -141,10 +151,11 @@ class DeltaStateTable:
         features = frozenset(protocol.reader_features or ())
         if protocol.min_reader_version > 3:
             features |= {f"readerVersion{protocol.min_reader_version}"}
-        files = tuple(str(p) for p in _column(table.get_add_actions(flatten=True), "path"))
+        stats = _log_files(table)
         meta = next((m for m in (_pgpoll_meta(c) for c in table.history(_HISTORY_LIMIT)) if m is not None), None)
-        return PinnedVersion(self.uri, int(table.version()), table.transaction_version(self.app), files, meta, features,
-                             table)
+        return PinnedVersion(self.uri, int(table.version()), table.transaction_version(self.app),
+                             files=tuple(f.path for f in stats), stats=stats, meta=meta, reader_features=features,
+                             table=table)
 
     def writer_of(self, version: int) -> str:
         """Who wrote ``version``, as the log says (pgpoll's run, or the engine and operation)."""
@@ -180,17 +191,20 @@ class DeltaStateTable:
         return any(str(p).startswith(prefix) for p in _column(self._open().get_add_actions(flatten=True), "path"))
 
     def commit(self, pinned: PinnedVersion, files: Sequence[DataFile], schema: Any, position: int,
-               meta: Mapping[str, Any], *, force: bool = False) -> int | None:
+               meta: Mapping[str, Any], *, force: bool = False, replaces: Sequence[DataFile] | None = None) -> int | None:
         """Publish ``files`` as the table's whole state at commit-log position ``position``.
 
-        Returns the new version, or None when ``position`` was already
-        applied (then nothing is committed; ``force``, for ``--full``,
-        commits anyway). Raises :class:`SinkError` when another writer
-        committed after ``pinned``.
+        With ``replaces`` (files of ``pinned``), ``files`` replace only those:
+        the version's other files stay (an incremental run that rewrote part
+        of the state; ``schema`` must then be the table's, which ``append``
+        mode keeps). Returns the new version, or None when ``position`` was
+        already applied (then nothing is committed; ``force``, for
+        ``--full``, commits anyway). Raises :class:`SinkError` when another
+        writer committed after ``pinned``.
         """
         from deltalake import Schema
         from deltalake.exceptions import CommitFailedError
-        from deltalake.transaction import AddAction, CommitProperties, Transaction, create_table_with_add_actions
+        from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction, create_table_with_add_actions
 
         latest = self.latest_version()
         if latest != pinned.version:
@@ -210,7 +224,12 @@ class DeltaStateTable:
                 create_table_with_add_actions(self.uri, delta_schema, adds, mode="error",
                                               storage_options=self.storage_options, commit_properties=properties)
                 return 0
-            pinned.table.create_write_transaction(adds, "overwrite", delta_schema, commit_properties=properties)
+            if replaces is None:
+                pinned.table.create_write_transaction(adds, "overwrite", delta_schema, commit_properties=properties)
+            else:
+                removes = [RemoveAction(f.path, True, now, f.size) for f in replaces]
+                pinned.table.create_write_transaction([*removes, *adds], "append", delta_schema,
+                                                      commit_properties=properties)
         except CommitFailedError:
             raise self.conflict(pinned, self.latest_version() or 0) from None
         except Exception as exc:
@@ -268,6 +287,22 @@ def _column(table: Any, name: str) -> list[Any]:
     import pyarrow as pa
 
     return list(pa.table(table).column(name).to_pylist())
+
+
+def _log_files(table: Any) -> tuple[DataFile, ...]:
+    """The data files of a version as the log describes them (statistics parsed to the table's types)."""
+    import pyarrow as pa
+
+    out: list[DataFile] = []
+    for a in pa.table(table.get_add_actions(flatten=False)).to_pylist():
+        low, high, nulls = a.get("min") or {}, a.get("max") or {}, a.get("null_count") or {}
+        records = a.get("num_records")
+        out.append(DataFile(
+            str(a["path"]), int(a["size_bytes"]), -1 if records is None else int(records),
+            {c: v for c, v in low.items() if v is not None}, {c: v for c, v in high.items() if v is not None},
+            {c: int(v) for c, v in nulls.items() if v is not None},
+        ))
+    return tuple(out)
 
 
 def _pgpoll_meta(commit_info: Mapping[str, Any]) -> dict[str, Any] | None:

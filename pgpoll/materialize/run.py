@@ -7,13 +7,17 @@ commit-log position it reflects. The next run starts from that state and
 applies only newer batches; ``--full`` (or a missing or unreadable state)
 rebuilds from every batch, which gives the same result.
 
-The new state is written beside the old one (``DEST/<schema>.<table>.materializing-<id>``:
-not a name starting with ``_``, which Spark would treat as hidden) and then
-swapped in: the old directory is removed and the new one renamed, so for that
-moment readers find no state, and a crash in between leaves none (the next
-run rebuilds it). One run at a time per destination: a second one exits 3 at
-once (:mod:`pgpoll.materialize.dest_lease`). ``--format delta`` writes each
-table as a Delta table instead (:mod:`pgpoll.materialize.delta_state`).
+The new state is written beside the old one (``DEST/<schema>.<table>.materializing-<seq>-<run>``:
+not a name starting with ``_``, which Spark would treat as hidden), published
+by creating the table's state record ``<seq>`` exclusively, and only then
+swapped in: the old directory is renamed aside and the new one renamed into
+place, so for that moment readers find no state; a crash after the record is
+finished by the next run (:mod:`pgpoll.materialize.state_log`). One run at a
+time per destination: a second one exits 3 at once
+(:mod:`pgpoll.materialize.dest_lease`); a run that outlived its lease and
+lost the record's compare-and-set to another exits 5, having changed nothing.
+``--format delta`` writes each table as a Delta table instead
+(:mod:`pgpoll.materialize.delta_state`).
 
 A table with a complete snapshot (``pgpoll snapshot``) is materialized on top
 of the latest one (:mod:`pgpoll.materialize.snapshot_merge`): the marker
@@ -27,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,6 +50,8 @@ from pgpoll.materialize.snapshot_merge import (
     snapshot_json,
 )
 from pgpoll.materialize.state import StateColumn, StateResult, materialize
+from pgpoll.materialize.state_log import SCRATCH, StateLog, StateRecord, scratch_name, stale_scratch
+from pgpoll.materialize.state_log import STATE_FILE as STATE_FILE  # (imported from here by delta_state)
 from pgpoll.materialize.visibility import SnapshotFilter
 from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CommitLog, CommitRecord
@@ -57,8 +64,6 @@ from pgpoll.typed.rows import quote
 from pgpoll.typed.schemas import IDENTITY_FULL, TableSchema
 
 log = logging.getLogger("pgpoll.materialize")
-STATE_FILE = "_pgpoll_state.json"
-SCRATCH = ".materializing-"
 # names the state and its computation use beside the table's own columns (internal ones start with __pgpoll_)
 _STATE_META = {"_untyped", "_commit_lsn", "_commit_ts", "_seq"}
 _CASE_SENSITIVE = "spark.sql.caseSensitive"
@@ -196,6 +201,7 @@ class Materializer:
         self.snapshots = SnapshotCatalog(self.fs)
         self.high_water: Lsn | None = None
         self.rebuilt: set[str] = set()  # tables rebuilt on a newer snapshot (a state at the same position is replaced)
+        self.pins: dict[str, int] = {}  # the state record each table's run builds on (pgpoll.materialize.state_log)
 
     def run(self) -> list[TableState]:
         """Materialize every selected table; returns what was done for each."""
@@ -215,7 +221,7 @@ class Materializer:
 
     def _run_tables(self, records: list[CommitRecord], names: list[str]) -> list[TableState]:
         for name, is_dir, _ in self.dest.list(self.dest.path("")):
-            if is_dir and SCRATCH in name:
+            if is_dir and SCRATCH in name and stale_scratch(self.dest, name):
                 self.dest.delete(self.dest.path(name))
         out: list[TableState] = []
         # the state's columns are the table's own names: "A" and "a" are two columns in PostgreSQL
@@ -238,6 +244,7 @@ class Materializer:
         if self.dest.exists(self.dest.path(name, "_delta_log")):
             raise ConfigError(f"{self.dest.path(name)} is a Delta table (written with --format delta)",
                               "materialize with --format delta, or into another --to DEST")
+        self.pins[name] = StateLog(self.dest, name).pin()  # finishes a crashed run's publish first
         if self.opts.full or not self.dest.exists(path):
             return None
         try:
@@ -300,9 +307,10 @@ class Materializer:
         key = [renamed.get(k, k) for k in key]
         if snap is not None:
             rule = snapshot_filter(snap, described, columns)
-            previous = _align(self._read_previous(name), columns) if marker else base_frame(self.spark, snap, described, columns)
+            previous = (_align(self._read_previous(name, events, key, columns), columns) if marker
+                        else base_frame(self.spark, snap, described, columns))
         else:
-            previous = _align(self._read_previous(name), columns) if marker else None
+            previous = _align(self._read_previous(name, events, key, columns), columns) if marker else None
             if marker is None and key:
                 found = predates_warning(events, {c.name: c.physical[0] for c in columns if c.name in key and c.physical},
                                          qualified)
@@ -335,19 +343,35 @@ class Materializer:
         return TableState(qualified, target, rows, end, "incremental" if marker else "full", len(read), warnings,
                           snapshot=snapshot_info)
 
-    def _read_previous(self, name: str) -> Any:
-        """The previous state of one table as a Spark frame."""
+    def _read_previous(self, name: str, events: Any = None, key: Sequence[str] = (),
+                       columns: Sequence[StateColumn] = ()) -> Any:
+        """The previous state of one table as a Spark frame (``events``, ``key``, ``columns``: what this run
+        applies, for a subclass that reads only the part of the state they touch)."""
         return self.spark.read.parquet(self.dest.path(name))
 
     def _write(self, name: str, frame: Any, marker: dict[str, Any], key: list[str]) -> int:
-        """Write and publish the new state of one table (``key``: its identity columns); returns its rows."""
-        scratch = self.dest.path(f"{name}{SCRATCH}{uuid.uuid4().hex[:8]}")
-        frame.write.parquet(scratch)
-        rows: int = self.spark.read.parquet(scratch).count()
-        self.dest.write_text(f"{scratch}/{STATE_FILE}", json.dumps({**marker, "rows": rows}, sort_keys=True))
-        target = self.dest.path(name)
-        self.dest.delete(target)
-        self.dest.rename(scratch, target)
+        """Write and publish the new state of one table (``key``: its identity columns); returns its rows.
+
+        Fenced (:mod:`pgpoll.materialize.state_log`): record pinned+1 is
+        created exclusively before the directory is swapped; a run that loses
+        removes its directory and raises SinkError.
+        """
+        states = StateLog(self.dest, name)
+        run = uuid.uuid4().hex[:8]
+        seq = self.pins.get(name, 0) + 1
+        scratch_dir = scratch_name(name, seq, run)
+        scratch = self.dest.path(scratch_dir)
+        try:
+            frame.write.parquet(scratch)
+            rows: int = self.spark.read.parquet(scratch).count()
+        except Exception:
+            self.dest.delete(scratch)
+            states.check_pin(seq - 1)  # another run's swap removed what this one read: report that
+            raise
+        state = {**marker, "rows": rows, "seq": seq, "run": run}
+        self.dest.write_text(f"{scratch}/{STATE_FILE}", json.dumps(state, sort_keys=True))
+        states.commit(StateRecord(seq, name, scratch_dir, run, state))
+        self.pins[name] = seq
         return rows
 
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from deltalake import DeltaTable
 
 from pgpoll.cli.main import cli
-from pgpoll.materialize import delta_state
+from pgpoll.materialize import delta_files, delta_state
 from pgpoll.materialize.delta_table import DeltaStateTable
 from pgpoll.materialize.dest_lease import LEASE_FILE, DestLease
 from pgpoll.sink.local_fs import open_local
@@ -210,3 +210,54 @@ def test_a_run_killed_before_or_after_its_commit_is_repaired_by_the_next_run(
     code, tables, _, err = _run(out)
     assert code == 0 and (tables[0]["mode"], tables[0]["version"]) == ("unchanged", 1), err
     assert DeltaTable(str(table)).version() == 1 and _delta(table) == _source(db)
+
+
+def _log(table: Path, version: int) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (table / "_delta_log" / f"{version:020d}.json").read_text().splitlines()]
+
+
+def _ranges(table: Path, version: int) -> dict[str, tuple[int, int]]:
+    """The data files of a version with the [min, max] of ``id`` its log holds."""
+    adds = DeltaTable(str(table), version=version).get_add_actions(flatten=True)
+    return {p: (lo, hi) for p, lo, hi in zip(*(adds.column(c).to_pylist() for c in ("path", "min.id", "max.id")), strict=True)}
+
+
+def test_an_incremental_run_rewrites_only_the_files_holding_changed_keys(
+    db: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(delta_files, "TARGET_ROWS", 100)  # files of 100 rows: 1,000 rows make ten
+    ingest_args, out, table = _setup(db, tmp_path)
+    db.execute("INSERT INTO t SELECT i, 'r' || i, i, NULL FROM generate_series(1, 1000) i")
+    assert ingest(db.dsn, *ingest_args).exit_code == 0
+    code, tables, _, err = _run(out)
+    assert code == 0 and tables[0]["files"] == {"rewritten": 0, "added": 10, "kept": 0}, err
+    first = _ranges(table, 0)
+    spans = sorted(first.values())
+    assert all(hi - lo == 99 for lo, hi in spans) and spans[0][0] == 1 and spans[-1][1] == 1000  # contiguous key ranges
+
+    # append new keys, update the most recent ones, move one old key to a new one
+    db.execute("INSERT INTO t SELECT i, 'new', i, NULL FROM generate_series(1001, 1050) i")
+    db.execute("UPDATE t SET name = 'upd', n = n + 0.5 WHERE id BETWEEN 955 AND 1000")
+    db.execute("DELETE FROM t WHERE id = 990")
+    db.execute("UPDATE t SET id = 5000 WHERE id = 250")
+    assert ingest(db.dsn, *ingest_args).exit_code == 0
+    code, tables, _, err = _run(out)
+    changed = [*range(955, 1001), 250, 5000, *range(1001, 1051)]
+    holding = {p for p, (lo, hi) in first.items() if any(lo <= k <= hi for k in changed)}
+    assert len(holding) == 2  # the files of 201-300 and 901-1000
+    assert code == 0 and (tables[0]["mode"], tables[0]["version"]) == ("incremental", 1), err
+    assert tables[0]["files"]["rewritten"] == 2 and tables[0]["files"]["kept"] == 8, tables[0]
+    assert {a["remove"]["path"] for a in _log(table, 1) if "remove" in a} == holding
+    second = _ranges(table, 1)
+    assert {p: r for p, r in second.items() if p in first} == {p: r for p, r in first.items() if p not in holding}
+    assert len(second) == 8 + tables[0]["files"]["added"]
+    assert _delta(table) == _source(db) and tables[0]["rows"] == len(_source(db)) == 1049
+
+    # a TRUNCATE empties the table as of its position: every file is rewritten
+    db.execute("TRUNCATE t")
+    db.execute("INSERT INTO t VALUES (7, 'after', 1, NULL)")
+    assert ingest(db.dsn, *ingest_args).exit_code == 0
+    code, tables, _, err = _run(out)
+    assert code == 0 and tables[0]["files"] == {"rewritten": len(second), "added": 1, "kept": 0}, err
+    assert not any("add" in a for a in _log(table, 2) if "add" in a and a["add"]["path"] in second)
+    assert _delta(table) == _source(db) == [{"id": 7, "name": "after", "n": Decimal("1.00"), "at": None}]

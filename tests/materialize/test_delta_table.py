@@ -13,6 +13,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from pgpoll.errors import SinkError, SlotBusyError
+from pgpoll.materialize.delta_files import always_rewritten, has_key_stats, range_rows, refusal
 from pgpoll.materialize.delta_table import DataFile, DeltaStateTable, app_id, delta_uri, footer_files
 from pgpoll.materialize.dest_lease import LEASE_FILE, DestLease
 from pgpoll.sink.local_fs import open_local
@@ -141,3 +142,44 @@ def test_footer_files_take_counts_and_key_ranges_from_the_row_groups(tmp_path: P
         "numRecords": 6, "minValues": {"id": 1, "d": "1999-12-31"}, "maxValues": {"id": 9, "d": "2030-05-06"},
         "nullCount": {"id": 2, "d": 3},
     }
+
+
+def test_a_partial_commit_replaces_only_the_files_it_names_and_the_log_gives_their_ranges_back(tmp_path: Path) -> None:
+    table = DeltaStateTable(str(tmp_path), APP)
+    old = [_file(tmp_path, "a.parquet", [1, 2]), _file(tmp_path, "b.parquet", [3, 4]), _file(tmp_path, "c.parquet", [5, 6])]
+    table.commit(table.pin(), old, SCHEMA, 100, {"rows": 6})
+    pinned = table.pin()
+    assert [(f.path, f.size, f.records, dict(f.min_values), dict(f.max_values), dict(f.null_count)) for f in pinned.stats] == [
+        (f.path, f.size, f.records, {"id": lo}, {"id": hi}, {"id": 0}) for f, (lo, hi) in zip(old, [(1, 2), (3, 4), (5, 6)],
+                                                                                           strict=True)]
+    new = [_file(tmp_path, "d.parquet", [3, 7])]
+    assert table.commit(pinned, new, SCHEMA, 200, {"rows": 5}, replaces=[pinned.stats[1]]) == 1
+    assert _ids(tmp_path) == [1, 2, 3, 5, 6, 7] and _ids(tmp_path, 0) == [1, 2, 3, 4, 5, 6]
+    assert sorted(table.pin().files) == ["run/a.parquet", "run/c.parquet", "run/d.parquet"]
+    log = [json.loads(line) for line in (tmp_path / "_delta_log" / "00000000000000000001.json").read_text().splitlines()]
+    assert [a["remove"]["path"] for a in log if "remove" in a] == ["run/b.parquet"]
+    assert [a["add"]["path"] for a in log if "add" in a] == ["run/d.parquet"]
+    assert DeltaTable(str(tmp_path)).transaction_version(APP) == 200
+    assert table.commit(table.pin(), new, SCHEMA, 200, {}, replaces=[]) is None  # applied already: skipped as before
+
+
+def test_the_partial_rewrite_is_refused_unless_it_is_exact() -> None:
+    ranged = DataFile("r", 1, 10, {"id": 1}, {"id": 9}, {"id": 0})
+    nulls = DataFile("n", 1, 4, {"id": 20}, {"id": 30}, {"id": 2})
+    all_null = DataFile("z", 1, 3, {}, {}, {"id": 3})
+    empty = DataFile("e", 1, 0)
+    assert [has_key_stats(f, ["id"]) for f in (ranged, nulls, all_null, empty)] == [True, True, True, True]
+    assert not has_key_stats(DataFile("x", 1, 5, {}, {}, {"id": 0}), ["id"])  # no range though not all null
+    assert not has_key_stats(DataFile("x", 1, -1, {"id": 1}, {"id": 2}, {"id": 0}), ["id"])  # no record count
+    assert [always_rewritten(f, ["id"]) for f in (ranged, nulls, all_null, empty)] == [False, True, True, True]
+    assert range_rows([ranged, nulls, all_null], ["id"]) == [("r", 1, 9)]
+    ok = {"truncated": False, "identity_changes": False, "same_schema": True}
+    assert refusal([ranged, nulls], ["id"], ["id"], **ok) is None
+    assert refusal([ranged], [], [], **ok) == "the table has no key"
+    assert refusal([ranged], ["id"], ["id", "v"], **ok) == "the previous state was written for another key"
+    assert refusal([ranged], ["id"], ["id"], **{**ok, "truncated": True}) == "a TRUNCATE"
+    assert refusal([ranged], ["id"], ["id"], **{**ok, "identity_changes": True}) == "the replica identity changed"
+    assert refusal([ranged], ["id"], ["id"], **{**ok, "same_schema": False}) == "the schema changed"
+    assert refusal([ranged, nulls, all_null, empty], ["id"], ["id"], **ok) is None
+    assert refusal([ranged, DataFile("x", 1, 5)], ["id"], ["id"], **ok) == "a file without statistics for the key"
+    assert refusal([ranged], ["id", "v"], ["id", "v"], **ok) == "a file without statistics for the key"
