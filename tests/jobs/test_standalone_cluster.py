@@ -83,6 +83,7 @@ def test_ingest_job_runs_on_a_standalone_cluster_from_the_dist_zip(
     run_dir.mkdir()
     env = spark_env(
         cluster.conf_dir, PYSPARK_PYTHON=str(worker_python), PYSPARK_DRIVER_PYTHON=str(worker_python), PGPOLL_DSN=db.dsn,
+        PGPOLL_DRIVER_BATCH_WAL="0",  # every batch a Spark job: this small backlog would otherwise run in the driver
     )
     proc = subprocess.run(
         [
