@@ -14,8 +14,9 @@ lease, clocks that disagree, or a store without atomic create could let two
 runs both believe they hold it. For ``--format delta`` the guarantee is the
 Delta log's own atomic commit of the version the run read
 (:mod:`pgpoll.materialize.delta_table`): two writers can never both publish
-on one version. ``PGPOLL_TEST_NO_LOCK=1`` turns the lease off (tests of that
-guarantee alone).
+on one version; for ``--format parquet`` it is the state's own record log
+(:mod:`pgpoll.materialize.state_log`), created exclusively before a swap.
+``PGPOLL_TEST_NO_LOCK=1`` turns the lease off (tests of that guarantee alone).
 """
 
 from __future__ import annotations
