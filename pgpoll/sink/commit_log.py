@@ -78,6 +78,9 @@ log = logging.getLogger("pgpoll.sink")
 VERSION = 2
 CHECKPOINT_EVERY = 50
 """A checkpoint is written once this many records follow the newest one."""
+KEEP_CHECKPOINTS = 8
+"""Checkpoints kept; older ones are deleted once a newer one is written. Each holds the whole history (every
+partition), so keeping them all would grow with the square of the batches; start-up reads only the newest."""
 POINTER = "newest-checkpoint.json"
 """Under ``_pgpoll/``: the newest checkpoint's ``seq`` (a hint; see the module docstring)."""
 
@@ -467,12 +470,29 @@ class CommitLog:
         if written:
             log.info("commit-log checkpoint written over records 1..%d", upto)
             self._checkpoints[upto] = fold
+            self._prune_checkpoints()
         cp = self._load_checkpoint(upto)  # this one, or the one another run wrote (never pointed at if unreadable)
         if cp is not None and cp.v1_records == 0:
             if self._base is None or self._base.seq < upto:
                 self._base = cp
             self.write_pointer(upto)
         return written
+
+    def _prune_checkpoints(self) -> None:
+        """Delete all but the newest :data:`KEEP_CHECKPOINTS` checkpoints (a failure only leaves them for the next).
+
+        The newest ones stay: a reader that was pointed at a deleted one falls
+        back to listing (see the module docstring), and an unreadable newest
+        one still has older ones behind it.
+        """
+        try:
+            seqs = sorted(int(m.group(1)) for n, d, _s in self.fs.list(self.checkpoint_dir)
+                          if not d and (m := _V2_NAME.match(n)))
+            for seq in seqs[:-KEEP_CHECKPOINTS]:
+                self.fs.delete(f"{self.checkpoint_dir}/{record_name(seq)}")
+                self._checkpoints.pop(seq, None)
+        except SinkError as exc:
+            log.warning("could not delete old commit-log checkpoints: %s", exc.message)
 
     def mark_clean(self) -> None:
         """Recovery's full pass has run and left no unrecorded partition: say so in the pointer (when there is one)."""

@@ -18,7 +18,16 @@ from pathlib import Path
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
 from pgpoll.sink.batches import BatchSink
-from pgpoll.sink.commit_log import CHECKPOINT_EVERY, POINTER, CommitLog, CommitRecord, LogState, record_name, summarize
+from pgpoll.sink.commit_log import (
+    CHECKPOINT_EVERY,
+    KEEP_CHECKPOINTS,
+    POINTER,
+    CommitLog,
+    CommitRecord,
+    LogState,
+    record_name,
+    summarize,
+)
 from pgpoll.sink.filesystem import OutputFs
 from pgpoll.sink.local_fs import LocalOutputFs
 from tests.sink.conftest import write_v1
@@ -231,3 +240,16 @@ def test_a_checkpoint_of_an_older_pgpoll_is_folded_again_at_the_next_start(tmp_p
     state = CommitLog(LocalOutputFs(str(tmp_path))).state()
     assert not state.listed and state.head == CHECKPOINT_EVERY + 4 and state.tail == ()
     assert not CommitLog(LocalOutputFs(str(tmp_path))).needs_scan()
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path: Path) -> None:
+    """Each checkpoint holds the whole history: keeping them all would grow with the square of the batches."""
+    root = tmp_path / "out"
+    build(root, (KEEP_CHECKPOINTS + 5) * CHECKPOINT_EVERY + 3)
+    kept = sorted(p.name for p in (root / layout.CHECKPOINTS).glob("seq-*.json"))
+    newest = (KEEP_CHECKPOINTS + 5) * CHECKPOINT_EVERY
+    assert kept == [record_name(newest - i * CHECKPOINT_EVERY) for i in reversed(range(KEEP_CHECKPOINTS))]
+    _fs, sink = start_up(root)
+    state = sink.log.state()
+    assert state.checkpoint is not None and state.checkpoint.seq == newest and state.head == newest + 3
+    assert len(state.checkpoint.partitions) + len(state.tail) == newest + 3  # every batch still in the log's state
