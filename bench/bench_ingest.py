@@ -22,7 +22,7 @@ with ``PGPOLL_WRITER=spark`` (Spark's Parquet writer behind ``mapInArrow``,
 the fallback path) to compare the two writers; ``--repeat N`` takes medians.
 
     python bench/bench_ingest.py [--changes 1000000] [--plugin pgoutput] [--repeat 1] [--writer auto|spark]
-                                 [--skip-memory] [--skip-typed] [--skip-task]
+                                 [--skip-memory] [--skip-typed] [--skip-task] [--txn-rows 10000]
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def measure_task(dsn: str, slot: str, plugin: str, work: Path) -> dict[str, floa
 
 def measure_backlog(
     cluster: ThrowawayCluster, changes: int, plugin: str, work: Path, run: int = 0, *, typed: bool = True,
-    task: bool = True, writer: str = "auto",
+    task: bool = True, writer: str = "auto", txn_rows: int = 10_000,
 ) -> dict[str, Any]:
     """Server decode, pg_recvlogical and pgpoll end to end on one backlog (``run`` keeps slot names apart).
 
@@ -124,7 +124,7 @@ def measure_backlog(
     tag = f"{plugin[:2]}{changes}r{run}"
     for name in (f"srv_{tag}", f"rcv_{tag}", f"pgp_{tag}", *([f"typ_{tag}"] if typed else [])):
         _slot(conn, name, plugin)
-    _fill(conn, changes, 10_000)
+    _fill(conn, changes, txn_rows)
     _slot(conn, f"nil_{tag}", plugin)  # empty slots: measure runs with nothing to do
     _slot(conn, f"njb_{tag}", plugin)
     end_lsn = _sql(conn, "SELECT pg_current_wal_lsn()::text")[0][0]
@@ -177,6 +177,7 @@ def measure_backlog(
         "pgpoll_s": full_s, "pgpoll_empty_s": empty_s, "pgpoll_empty_job_s": empty_job_s, "pgpoll_net_s": net,
         "ratio": net / server_s,
         "written": summary["changes"], "batch_s": summary["batch_seconds"], "writer": summary.get("writer"),
+        "fetch": summary.get("fetch"),
     })
     return result
 
@@ -211,6 +212,7 @@ def main() -> None:
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-typed", action="store_true")
     parser.add_argument("--skip-task", action="store_true")
+    parser.add_argument("--txn-rows", type=int, default=10_000, help="rows per transaction of the backlog")
     args = parser.parse_args()
     found = find_bindirs()
     inst = found.get(15) or found[max(found)]
@@ -220,7 +222,7 @@ def main() -> None:
     try:
         runs = [
             measure_backlog(cluster, args.changes, args.plugin, work, run, typed=not args.skip_typed,
-                            task=not args.skip_task, writer=args.writer)
+                            task=not args.skip_task, writer=args.writer, txn_rows=args.txn_rows)
             for run in range(args.repeat)
         ]
         r = runs[0]
@@ -229,8 +231,9 @@ def main() -> None:
             value = median(runs, key)
             return float("nan") if value is None else value
 
-        print(f"PostgreSQL {inst.version}, plugin {r['plugin']}, backlog {r['changes']:,} changes ({r['peek_rows']:,} peek "
-              f"rows), writer {r['writer']}; medians of {args.repeat} run(s); {os.cpu_count()} cores, load average "
+        print(f"PostgreSQL {inst.version}, plugin {r['plugin']}, backlog {r['changes']:,} changes in "
+              f"{args.txn_rows:,}-row transactions ({r['peek_rows']:,} peek rows), writer {r['writer']}, fetch "
+              f"{r['fetch']}; medians of {args.repeat} run(s); {os.cpu_count()} cores, load average "
               f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
         print(f"  server decode (count(*) over the peek): {m('server_s'):.2f} s")
         if median(runs, "recvlogical_s") is not None:

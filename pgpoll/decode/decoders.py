@@ -16,8 +16,13 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from pgpoll.changes import Event, RowFields
+import pyarrow as pa
+
+from pgpoll.changes import Event, RelationInfo, RowFields
+from pgpoll.decode.pgoutput_columns import MIN_RUN, PeekChunk, insert_run_after
 from pgpoll.decode.pgoutput_decoder import PgoutputDecoder
+from pgpoll.decode.text_columns import insert_run_after as text_insert_run_after
+from pgpoll.decode.text_columns import same_prefix_run
 from pgpoll.decode.text_decoder import TestDecodingDecoder
 from pgpoll.errors import ConfigError, DecodeError
 from pgpoll.lsn import Lsn
@@ -26,6 +31,11 @@ __all__ = ["PLUGINS", "Decoder", "make_decoder"]
 
 #: The output plugins pgpoll decodes.
 PLUGINS = ("pgoutput", "test_decoding")
+
+#: ``(chunk, first row, row after the last, relation id)`` -> the relation and the rows' ``after`` images, or ``None``.
+InsertRun = Callable[[PeekChunk, int, int, int], "tuple[RelationInfo, pa.MapArray[Any, Any]] | None"]
+#: ``(chunk, row just decoded as an INSERT, end of the chunk)`` -> ``(end, after images of the rows after it)``, or ``None``.
+TextRun = Callable[[PeekChunk, int, int], "tuple[int, pa.MapArray[Any, Any]] | None"]
 
 
 class Decoder(Protocol):
@@ -37,8 +47,11 @@ class Decoder(Protocol):
     ``fast_row``, when not ``None``, is the fast path for row changes: it
     returns the plain :data:`~pgpoll.changes.RowFields` for an Insert, Update
     or Delete and ``None`` for every other row, which must then be decoded by
-    calling the decoder (it may change the decoder's state). ``type_names``
-    maps a type OID to ``(schema, name)`` as the plugin described it so far
+    calling the decoder (it may change the decoder's state). ``insert_run``,
+    when not ``None``, decodes a run of Insert rows column-wise
+    (:mod:`pgpoll.decode.pgoutput_columns`) or returns ``None`` to have them
+    decoded row by row; ``text_run`` is test_decoding's counterpart
+    (:mod:`pgpoll.decode.text_columns`). ``type_names`` maps a type OID to ``(schema, name)`` as the plugin described it so far
     (a live mapping; empty for plugins that print type names inline).
     """
 
@@ -50,6 +63,16 @@ class Decoder(Protocol):
     @property
     def fast_row(self) -> Callable[[Any], RowFields | None] | None:
         """The row-change fast path, or ``None``."""
+        ...
+
+    @property
+    def insert_run(self) -> InsertRun | None:
+        """The column-wise path for runs of Inserts, or ``None``."""
+        ...
+
+    @property
+    def text_run(self) -> TextRun | None:
+        """The column-wise path for runs of test_decoding INSERT lines, or ``None``."""
         ...
 
     @property
@@ -65,30 +88,68 @@ class Decoder(Protocol):
 class PgoutputRows:
     """:class:`Decoder` for pgoutput: binary rows through :class:`PgoutputDecoder`."""
 
-    __slots__ = ("_decoder", "fast_row", "type_names")
+    __slots__ = ("_decoder", "fast_row", "insert_run", "type_names")
 
     plugin = "pgoutput"
+    text_run: TextRun | None = None
 
     def __init__(self, proto_version: int) -> None:
         self._decoder = PgoutputDecoder(proto_version)
         self.fast_row: Callable[[Any], RowFields | None] | None = self._decoder.decode_row
+        self.insert_run: InsertRun | None = self._insert_run
         self.type_names: Mapping[int, tuple[str, str]] = self._decoder.types
 
     def __call__(self, data: Any, lsn: int | None, xid: int | None) -> Event:
         return self._decoder.decode(data, lsn)
 
+    def _insert_run(self, chunk: PeekChunk, lo: int, hi: int, relid: int) -> tuple[RelationInfo, pa.MapArray[Any, Any]] | None:
+        """Rows ``lo..hi`` of ``chunk`` (Inserts of relation ``relid``) column-wise, or ``None``: go row by row.
+
+        Row by row also when the relation is unknown or a stream is open, so
+        that the row path raises (or handles) it exactly as always.
+        """
+        rel = self._decoder.relations.get(relid)
+        if rel is None or self._decoder.in_stream:
+            return None
+        after = insert_run_after(chunk, lo, hi, rel)
+        return None if after is None else (rel, after)
+
 
 class TextRows:
     """:class:`Decoder` for test_decoding: UTF-8 lines through :class:`TestDecodingDecoder`."""
 
-    __slots__ = ("_decoder",)
+    __slots__ = ("_decoder", "text_run")
 
     plugin = "test_decoding"
     fast_row: Callable[[Any], RowFields | None] | None = None
+    insert_run: InsertRun | None = None
     type_names: Mapping[int, tuple[str, str]] = MappingProxyType({})
 
     def __init__(self) -> None:
         self._decoder = TestDecodingDecoder()
+        self.text_run: TextRun | None = self._text_run
+
+    def _text_run(self, chunk: PeekChunk, row: int, hi: int) -> tuple[int, pa.MapArray[Any, Any]] | None:
+        """After row ``row`` of ``chunk`` decoded as an INSERT: the INSERTs right after it, column-wise.
+
+        Returns ``(end, after)`` for rows ``row + 1 .. end`` (a piece of
+        bounded size of the lines that start like row ``row``), or ``None``:
+        go on row by row.
+        """
+        line = chunk.value(row)
+        cut = line.find(b": INSERT:")
+        if cut < 0:
+            return None
+        prefix = line[: cut + 9]
+        layout = self._decoder.insert_layout(prefix.decode("utf-8", "replace"))
+        if layout is None:
+            return None
+        end = same_prefix_run(chunk, row + 1, hi, prefix)
+        if end - row - 1 < MIN_RUN:
+            return None
+        end = chunk.pieces(row + 1, end)[0][1]
+        after = text_insert_run_after(chunk, row + 1, end, len(prefix), *layout)
+        return None if after is None else (end, after)
 
     def __call__(self, data: Any, lsn: int | None, xid: int | None) -> Event:
         try:

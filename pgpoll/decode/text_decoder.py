@@ -199,6 +199,14 @@ class TestDecodingDecoder:
                 lsn=_lsn_text(lsn),
             ) from exc
 
+    def insert_layout(self, prefix: str) -> tuple[list[tuple[str, str]], tuple[str, ...]] | None:
+        """The column layout of the last INSERT line that started with ``prefix`` (``table s.t: INSERT:``).
+
+        Each column's ``(name, type)`` as printed and its decoded name; ``None``
+        when no such line was decoded (see :mod:`pgpoll.decode.text_columns`).
+        """
+        return self._tuples.layout(prefix)
+
     # ---- dispatch --------------------------------------------------------------
 
     def _framing(self, line: str, lsn: int | None, xid: int | None) -> Event:

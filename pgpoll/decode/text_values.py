@@ -132,9 +132,10 @@ def _name(raw: str) -> str:
 class _Template:
     """A regex specialised to one relation's column list (names and types fixed)."""
 
-    __slots__ = ("columns", "names", "regex")
+    __slots__ = ("columns", "names", "raw", "regex")
 
     def __init__(self, raw: list[tuple[str, str]], columns: tuple[Column, ...]) -> None:
+        self.raw = raw  # each column's name and type as printed
         self.regex = re.compile(
             "".join(" " + re.escape(n) + r"\[" + re.escape(t) + r"\]:" + _VALUE for n, t in raw)
             + r"\Z"
@@ -194,6 +195,11 @@ class TupleParser:
             self._templates.clear()
         self._templates[key] = _Template([(n, t) for n, t, _ in found], parsed[0])
         return parsed
+
+    def layout(self, key: str) -> tuple[list[tuple[str, str]], tuple[str, ...]] | None:
+        """The columns cached for ``key``: each ``(name, type)`` as printed, and the names as decoded."""
+        template = self._templates.get(key)
+        return None if template is None else (template.raw, template.names)
 
     def parse(self, line: str, pos: int, end: int) -> Parsed:
         """Read `` name[type]:value`` items from ``line[pos:end]``.

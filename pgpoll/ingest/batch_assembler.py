@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from pgpoll.changes import HEARTBEAT_PREFIX, LogicalMessage, Op, RelationInfo, RowChange, RowFields, Truncate, split_row
 from pgpoll.errors import SourceError
-from pgpoll.sink.envelope import ENVELOPE_SCHEMA, ChangeColumns, with_transaction
+from pgpoll.sink.envelope import ENVELOPE_SCHEMA, ChangeColumns, insert_rows_batch, with_transaction
 from pgpoll.typed.schemas import CatalogTable, TableSchema, schema_from_columns, schema_from_relation
 from pgpoll.xids import widen_xid
 
@@ -86,6 +86,9 @@ class BatchAssembler:
         self._begin_ts: datetime | None = None
         self._spill: BufferedRandom | None = None
         self._spill_writer: pa.ipc.RecordBatchStreamWriter | None = None
+        #: open-transaction batches not yet in the spill file (kept in memory up to ``rows_per_batch`` rows)
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
         self._spilled_rows = 0
         # what the driver learns
         self.changes = 0
@@ -167,7 +170,7 @@ class BatchAssembler:
         self.last_commit_ts = commit_ts
         self.first_commit_ts = self.first_commit_ts or commit_ts
         self.changes += rows
-        if self._spill_writer is not None:
+        if self._spilled_rows:
             yield from self._read_spill(lsn, xid, ts)
         self.cols.fill_transaction(lsn, xid, ts, self._spilled_rows)
         self._spilled_rows = 0
@@ -216,6 +219,43 @@ class BatchAssembler:
         )
         if len(self.cols) >= self.rows_per_batch:
             yield from self._flush_if_full()
+
+    def insert_block(self, rel: RelationInfo, lsns: list[int], after: pa.MapArray[Any, Any]) -> Iterator[pa.RecordBatch]:
+        """INSERTs of one relation decoded column-wise (:mod:`pgpoll.decode.pgoutput_columns`), in peek order.
+
+        The same rows :meth:`row_fields` would add one by one; they join the
+        open transaction after its rows so far (which are set apart first, so
+        the order within the transaction, hence ``seq``, is the peek's).
+        """
+        try:
+            sid = self._relation_schema[rel]
+        except KeyError:
+            sid = self._relation_schema[rel] = self._schema_of_relation(rel)
+        if sid is None:
+            return
+        yield from self._flush_committed()
+        self._spill_open_rows()
+        self._write_spill(insert_rows_batch(lsns, rel.schema, rel.table, after, sid))
+
+    def takes_rows_like(self, event: RowChange) -> bool:
+        """True when INSERTs shaped like ``event`` may come column-wise (:meth:`insert_rows_like`).
+
+        Not where a client-side row filter applies: it looks at every row.
+        """
+        return self.row_filters is None or not self.row_filters.applies_to(event.schema, event.table)
+
+    def insert_rows_like(self, event: RowChange, lsns: list[int], after: pa.MapArray[Any, Any]) -> Iterator[pa.RecordBatch]:
+        """test_decoding INSERTs with the table, columns and types of ``event``, decoded column-wise.
+
+        The rows :meth:`row_change` would add one by one for the same lines
+        (:mod:`pgpoll.decode.text_columns`), in peek order.
+        """
+        if not self.accepts(event.schema, event.table):
+            return
+        sid = self._schema_of(event)
+        yield from self._flush_committed()
+        self._spill_open_rows()
+        self._write_spill(insert_rows_batch(lsns, event.schema, event.table, after, sid))
 
     def _schema_of_relation(self, rel: RelationInfo) -> str | None:
         """The schema id of a fast-path relation, or ``None`` when the table filter leaves it out."""
@@ -311,18 +351,29 @@ class BatchAssembler:
             self.cols.drop_unfilled()
 
     def _write_spill(self, batch: pa.RecordBatch) -> None:
+        """Set rows of the open transaction apart: in memory up to ``rows_per_batch`` rows, then in the spill file."""
+        self._pending.append(batch)
+        self._pending_rows += batch.num_rows
+        self._spilled_rows += batch.num_rows
+        if self._pending_rows <= self.rows_per_batch:
+            return
         if self._spill_writer is None:
             self._spill = tempfile.TemporaryFile(prefix="pgpoll-txn-")  # noqa: SIM115 -- open across calls, closed in _close_spill
             self._spill_writer = pa.ipc.new_stream(self._spill, ENVELOPE_SCHEMA)
-        self._spill_writer.write_batch(batch)
-        self._spilled_rows += batch.num_rows
+        for pending in self._pending:
+            self._spill_writer.write_batch(pending)
+        self._pending.clear()
+        self._pending_rows = 0
 
     def _read_spill(self, lsn: int, xid: int | None, ts: int | None) -> Iterator[pa.RecordBatch]:
-        assert self._spill is not None and self._spill_writer is not None
-        self._spill_writer.close()
-        self._spill.seek(0)
         seq = 0
-        for batch in pa.ipc.open_stream(self._spill):
+        if self._spill is not None and self._spill_writer is not None:
+            self._spill_writer.close()
+            self._spill.seek(0)
+            for batch in pa.ipc.open_stream(self._spill):
+                yield with_transaction(batch, lsn, xid, ts, seq)
+                seq += batch.num_rows
+        for batch in self._pending:
             yield with_transaction(batch, lsn, xid, ts, seq)
             seq += batch.num_rows
         self._close_spill(keep_count=True)
@@ -332,5 +383,7 @@ class BatchAssembler:
             self._spill.close()
         self._spill = None
         self._spill_writer = None
+        self._pending = []
+        self._pending_rows = 0
         if not keep_count:
             self._spilled_rows = 0

@@ -46,6 +46,7 @@ from pgpoll.sink.lease import Lease, LeaseKeeper
 from pgpoll.sink.parquet_writer import PYARROW, choose_writer
 from pgpoll.sink.typed_tables import SchemaStore, stage_typed_tables
 from pgpoll.source import slots as slot_access
+from pgpoll.source.arrow_peek import choose_fetch, requested_fetch
 from pgpoll.source.connection import resolve_dsn
 from pgpoll.source.control import ControlConnection
 from pgpoll.source.names import check_identifier, check_slot_name
@@ -95,6 +96,7 @@ class RunSummary:
     exit_code: int = 0
     fenced: bool | None = None  # False: the output's store cannot create files atomically (lease only)
     writer: str | None = None  # "pyarrow" (the batch task writes Parquet itself) or "spark" (Spark's writer)
+    fetch: str | None = None  # how the batch task fetched the peek: "adbc" (pgoutput, into Arrow) or "psycopg2"
     spark_jobs: int = 0  # batches run as a Spark job (the others ran in the driver: small batches)
     task_peak_rss_kb: int | None = None
     recovery: dict[str, Any] = field(default_factory=dict)
@@ -295,6 +297,8 @@ def run_ingest(
         options = tuple(slot_access.peek_options(plugin, publications=list(opts.publications)))
         patterns = TablePatterns(tuple(opts.tables), tuple(opts.exclude_tables))
         batches_started = time.monotonic()
+        fetch = requested_fetch()
+        choose_fetch(plugin, fetch)  # PGPOLL_FETCH=adbc where it cannot be used: exit 2 before any batch
         small_wal = driver_batch_wal() if local and choose_writer(sink.fs.path(layout.STAGING)) == PYARROW else 0
         heartbeat_sent = False  # a run that catches up ends with a heartbeat batch (see below)
         stats: dict[str, Any] | None = None
@@ -321,7 +325,7 @@ def run_ingest(
                 dsn=target.dsn, slot=opts.slot, plugin=plugin, options=options, upto_nchanges=limit,
                 high_water_mark=int(hwm) if hwm is not None else None, tables=patterns, fault=fault,
                 row_filters=tuple(opts.row_filters), typed_tables=opts.typed_tables,
-                progress=sparks.progress_address(), batch_number=number,
+                progress=sparks.progress_address(), batch_number=number, fetch=fetch,
             )
             in_driver = small_wal > 0 and (lag := control.wal_lag()) is not None and lag <= small_wal
             if not in_driver:
@@ -335,6 +339,7 @@ def run_ingest(
                 summary.status, summary.exit_code = "interrupted", stop.exit_code if stop is not None else 130
                 break
             summary.writer = outcome.writer
+            summary.fetch = outcome.fetch or summary.fetch
             summary.spark_jobs += 0 if in_driver else 1
             caught_up = outcome.peeked_rows < limit  # the peek returned everything there was
             if outcome.advance_to is None or (hwm is not None and outcome.advance_to <= hwm):

@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pgpoll.changes import Begin, Commit, Ignored, LogicalMessage, RowChange, Truncate
+from pgpoll.changes import Begin, Commit, Ignored, LogicalMessage, Op, RowChange, Truncate
 from pgpoll.decode.decoders import make_decoder
 from pgpoll.errors import DecodeError, PgpollError, SinkError
 from pgpoll.ingest import faults
@@ -61,6 +61,9 @@ class BatchSpec:
     row_filters: tuple[str, ...] = ()  # --row-filter specs (test_decoding), parsed again on the executor
     progress: ChannelAddress | None = None  # where to send progress lines (pgpoll.ingest.progress_channel)
     batch_number: int = 0
+    fetch: str = "auto"  # PGPOLL_FETCH as the driver read it (pgpoll.source.arrow_peek.requested_fetch)
+    #: False: every row through the row path (what the tests compare the column-wise Insert path with)
+    column_inserts: bool = True
     typed_tables: bool = False  # with the pyarrow writer: write every table's typed rows in the same pass
     target: StagingTarget | None = None  # where the pyarrow writer stages the batch (set by the driver)
 
@@ -73,6 +76,7 @@ class BatchOutcome:
     """What one batch task reports to the driver."""
 
     peeked_rows: int = 0
+    column_rows: int = 0  # of those, rows decoded column-wise (runs of INSERTs)
     changes: int = 0
     advance_to: int | None = None
     first_commit_lsn: int | None = None
@@ -87,13 +91,18 @@ class BatchOutcome:
     schemas: dict[str, str] = field(default_factory=dict)  # schema id -> TableSchema JSON
     extra: dict[str, Any] = field(default_factory=dict)
     writer: str | None = None  # "pyarrow" or "spark"
+    fetch: str | None = None  # "adbc" or "psycopg2"
     #: pyarrow writer with typed tables: {table dir: {file: size}} written in the task (None: not written yet)
     typed_files: dict[str, dict[str, int]] | None = None
     ledgers: dict[str, dict[str, Any]] = field(default_factory=dict)  # table dir -> changed column ledger
 
 
-def _reject(lsn: Lsn, xid: int | None, data: Any, error: DecodeError, row_number: int) -> dict[str, Any]:
-    row: dict[str, Any] = {"lsn": str(lsn), "xid": xid, "row": row_number, "error": str(error)}
+#: Peeked rows decoded together: runs of Inserts within a chunk are decoded column-wise.
+CHUNK_ROWS = 8192
+
+
+def _reject(lsn: int, xid: int | None, data: Any, error: DecodeError, row_number: int) -> dict[str, Any]:
+    row: dict[str, Any] = {"lsn": str(Lsn(lsn)), "xid": xid, "row": row_number, "error": str(error)}
     if isinstance(data, (bytes, bytearray, memoryview)):
         row["data_hex"] = bytes(data).hex()
     else:
@@ -111,9 +120,10 @@ def iter_batch(
     their own exit code. ``on_assembler`` gets the batch assembler before the
     peek (its ``schemas`` registry grows as rows are decoded).
     """
+    from pgpoll.ingest.peek_chunks import Chunk, peek_chunks
+    from pgpoll.source.arrow_peek import PSYCOPG2, choose_fetch
     from pgpoll.source.catalog import catalog_table
     from pgpoll.source.connection import ConnectionTarget, connect
-    from pgpoll.source.slots import peek_rows
 
     conn = None
     decode = make_decoder(spec.plugin, spec.proto_version)
@@ -133,30 +143,72 @@ def iter_batch(
         on_assembler(asm)
     try:
         conn = connect(ConnectionTarget(spec.dsn, "task"), application_name=f"pgpoll ingest {spec.slot}")
-        fast_row = getattr(decode, "fast_row", None)
-        rows = peek_rows(
-            conn, spec.slot, spec.plugin, upto_nchanges=spec.upto_nchanges, options=list(spec.options), raw_text=True,
+        fast_row, insert_run = decode.fast_row, decode.insert_run if spec.column_inserts else None
+        outcome.fetch = choose_fetch(spec.plugin, spec.fetch)
+        chunks = peek_chunks(
+            conn, spec.dsn, spec.slot, spec.plugin, fetch=outcome.fetch, upto_nchanges=spec.upto_nchanges,
+            options=list(spec.options), rows_per_fetch=CHUNK_ROWS,
             on_xid_reference=asm.set_xid_reference,  # the assembler widens each committed 32-bit xid with it
+            on_fallback=lambda why: setattr(outcome, "fetch", PSYCOPG2),
         )
 
-        def batches() -> Iterator[pa.RecordBatch]:
-            reporter.report("server", force=True)  # the server builds the whole result before the first row
-            for lsn, xid, data in rows:
+        text_run = decode.text_run if spec.column_inserts else None
+
+        def one_by_one(chunk: Chunk, lo: int, hi: int) -> Generator[pa.RecordBatch, None, bool]:
+            """Decode rows ``lo..hi`` of ``chunk`` one by one; False when a row is rejected (the batch stops there).
+
+            After a test_decoding INSERT, the INSERT lines right after it that
+            start alike go column-wise (:mod:`pgpoll.decode.text_columns`).
+            """
+            row = lo
+            while row < hi:
+                lsn, xid, data = chunk.lsns[row], chunk.xids[row], chunk.value(row)
                 outcome.peeked_rows += 1
-                if outcome.peeked_rows == 1:
-                    faults.crash_if("after-peek", spec.fault)
-                if not outcome.peeked_rows & 1023:
-                    reporter.report("fetch", outcome.peeked_rows, asm.changes)
                 try:
                     fields = fast_row(data) if fast_row is not None else None
                     if fields is not None:
                         yield from asm.row_fields(fields, lsn)
-                    else:
-                        yield from _dispatch(asm, decode(data, lsn, xid), lsn)
+                        row += 1
+                        continue
+                    event = decode(data, lsn, xid)
+                    yield from _dispatch(asm, event, lsn)
                 except DecodeError as exc:
                     outcome.error = exc
                     outcome.reject = _reject(lsn, xid, data, exc, outcome.peeked_rows)
-                    return
+                    return False
+                row += 1
+                if (text_run is not None and chunk.columns is not None and type(event) is RowChange
+                        and event.op is Op.INSERT and event.after and not event.unchanged_toast
+                        and asm.takes_rows_like(event)):
+                    run = text_run(chunk.columns, row - 1, hi)
+                    if run is not None:  # rows row..end at once
+                        end, after = run
+                        outcome.peeked_rows += end - row
+                        outcome.column_rows += end - row
+                        yield from asm.insert_rows_like(event, chunk.lsns[row:end], after)
+                        row = end
+            return True
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            reporter.report("server", force=True)  # the server builds the whole result before the first row
+            for chunk in chunks:
+                if not outcome.peeked_rows:
+                    faults.crash_if("after-peek", spec.fault)
+                columns = chunk.columns if insert_run is not None else None
+                runs = columns.insert_runs() if columns is not None else []
+                done = 0
+                for lo, hi, relid in [*runs, (len(chunk), len(chunk), -1)]:
+                    if not (yield from one_by_one(chunk, done, lo)):
+                        return
+                    decoded = insert_run(columns, lo, hi, relid) if columns is not None and insert_run and lo < hi else None
+                    if decoded is not None:  # the whole run at once (pgpoll.decode.pgoutput_columns)
+                        outcome.peeked_rows += hi - lo
+                        outcome.column_rows += hi - lo
+                        yield from asm.insert_block(decoded[0], chunk.lsns[lo:hi], decoded[1])
+                    elif not (yield from one_by_one(chunk, lo, hi)):
+                        return
+                    done = hi
+                reporter.report("fetch", outcome.peeked_rows, asm.changes)
             outcome.open_transaction_at_end = asm.in_transaction
             yield from asm.finish()
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -220,13 +221,48 @@ class ChangeColumns:
         return pa.RecordBatch.from_arrays(arrays, schema=ENVELOPE_SCHEMA)
 
 
+def _empty_lists(n: int) -> pa.Array[Any]:
+    """``n`` empty ``list<string>`` values (not nulls: what ``add_row`` gives a row without unchanged TOAST)."""
+    offsets: Any = pa.array(np.zeros(n + 1, np.int32), pa.int32())
+    return pa.ListArray.from_arrays(offsets, pa.array([], pa.string()))
+
+
+def insert_rows_batch(
+    lsns: Sequence[int], schema: str, table: str, after: pa.MapArray[Any, Any], schema_id: str
+) -> pa.RecordBatch:
+    """INSERT rows of one table with their ``after`` images already in Arrow (transaction columns null).
+
+    What :meth:`ChangeColumns.add_row` and :meth:`ChangeColumns.to_batch`
+    give for the same rows, built column-wise (:mod:`pgpoll.decode.pgoutput_columns`).
+    """
+    n = len(after)
+    arrays: list[pa.Array[Any]] = [
+        pa.nulls(n, pa.int64()),
+        pa.array(lsns, pa.int64()),
+        pa.nulls(n, pa.int32()),
+        pa.nulls(n, pa.int64()),
+        pa.nulls(n, _TS),
+        pa.repeat(pa.scalar("I", pa.string()), n),
+        pa.repeat(pa.scalar(schema, pa.string()), n),
+        pa.repeat(pa.scalar(table, pa.string()), n),
+        pa.nulls(n, _MAP),
+        after,
+        _empty_lists(n),
+        pa.nulls(n, pa.string()),
+        pa.nulls(n, pa.binary()),
+        pa.nulls(n, pa.bool_()),
+        pa.repeat(pa.scalar(schema_id, pa.string()), n),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=ENVELOPE_SCHEMA)
+
+
 def with_transaction(batch: pa.RecordBatch, commit_lsn: int | None, xid: int | None,
                      commit_ts: int | None, first_seq: int) -> pa.RecordBatch:
     """``batch`` (written with null transaction columns) with them filled in."""
     n = batch.num_rows
     columns = list(batch.columns)
-    columns[0] = pa.array([commit_lsn] * n, pa.int64())
-    columns[2] = pa.array(range(first_seq, first_seq + n), pa.int32())
-    columns[3] = pa.array([xid] * n, pa.int64())
-    columns[4] = pa.array([commit_ts] * n, pa.int64()).cast(_TS)
+    columns[0] = pa.repeat(pa.scalar(commit_lsn, pa.int64()), n)
+    columns[2] = pa.array(np.arange(first_seq, first_seq + n, dtype=np.int32))
+    columns[3] = pa.repeat(pa.scalar(xid, pa.int64()), n)
+    columns[4] = pa.repeat(pa.scalar(commit_ts, pa.int64()), n).cast(_TS)
     return pa.RecordBatch.from_arrays(columns, schema=ENVELOPE_SCHEMA)

@@ -139,6 +139,18 @@ def _classify(detail: str) -> tuple[str | None, str]:
     return None, "check --dsn / PGPOLL_DSN (or PGHOST, PGPORT, PGUSER, PGDATABASE) and that the server is up"
 
 
+def connect_kwargs(target: ConnectionTarget, application_name: str = "pgpoll", connect_timeout: int = 10) -> dict[str, Any]:
+    """The libpq keywords pgpoll adds to every connection string (psycopg2 and ADBC alike)."""
+    params = psycopg2.extensions.parse_dsn(target.dsn) if target.dsn else {}
+    return {
+        # An explicit keyword overrides libpq's own fallbacks, so carry them over.
+        "application_name": params.get("application_name") or os.environ.get("PGAPPNAME") or application_name,
+        "connect_timeout": params.get("connect_timeout") or connect_timeout,
+        # A startup parameter PgBouncer accepts; every transaction that reads values pins it again.
+        "client_encoding": "UTF8",
+    }
+
+
 def connect(
     target: ConnectionTarget,
     *,
@@ -153,14 +165,7 @@ def connect(
     password (``28P01``), an unknown role or refused host (``28000``) or
     database (``3D000``) from a server that is down (``08001``).
     """
-    params = psycopg2.extensions.parse_dsn(target.dsn) if target.dsn else {}
-    kwargs: dict[str, Any] = {
-        # An explicit keyword overrides libpq's own fallbacks, so carry them over.
-        "application_name": params.get("application_name") or os.environ.get("PGAPPNAME") or application_name,
-        "connect_timeout": params.get("connect_timeout") or connect_timeout,
-        # A startup parameter PgBouncer accepts; every transaction that reads values pins it again.
-        "client_encoding": "UTF8",
-    }
+    kwargs = connect_kwargs(target, application_name, connect_timeout)
     try:
         conn = psycopg2.connect(target.dsn, **kwargs)
     except psycopg2.OperationalError as exc:

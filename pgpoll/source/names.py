@@ -78,6 +78,18 @@ def double_quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def sql_literal(value: str) -> str:
+    """``value`` as a standard SQL string literal (``'`` doubled), for statements that take no parameters (COPY).
+
+    Correct only with ``standard_conforming_strings`` on, which every reading
+    transaction pins first (:mod:`pgpoll.source.session`). A NUL byte cannot
+    be in a PostgreSQL string at all: refused.
+    """
+    if "\0" in value:
+        raise ValueError("a NUL character cannot be sent to PostgreSQL")
+    return "'" + value.replace("'", "''") + "'"
+
+
 # PostgreSQL's lexer (scan.l): ident_start [A-Za-z\200-\377_], ident_cont adds [0-9$].
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _BARE_WORD = re.compile(r"[A-Za-z_\u0080-\U0010FFFF][A-Za-z0-9_$\u0080-\U0010FFFF]*")

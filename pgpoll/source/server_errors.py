@@ -74,7 +74,7 @@ def _is_permanent_login_failure(message: str) -> bool:
     return any(p in low for p in _PERMANENT_LOGIN)
 
 
-def _first_line(exc: psycopg2.Error) -> str:
+def _first_line(exc: BaseException) -> str:
     text = (getattr(exc, "pgerror", None) or str(exc) or type(exc).__name__).strip()
     line = text.splitlines()[0] if text else type(exc).__name__
     if line.startswith("ERROR:"):
@@ -82,7 +82,7 @@ def _first_line(exc: psycopg2.Error) -> str:
     return redact(line)
 
 
-def _detail(exc: psycopg2.Error) -> str:
+def _detail(exc: BaseException) -> str:
     diag = getattr(exc, "diag", None)
     return (getattr(diag, "message_detail", None) or "") if diag is not None else ""
 
@@ -95,8 +95,8 @@ _INVALIDATED = (
 )
 
 
-def translate(exc: psycopg2.Error, *, slot: str | None = None) -> PgpollError:
-    """Map a psycopg2 error to the most specific pgpoll error, with a fix."""
+def translate(exc: BaseException, *, slot: str | None = None) -> PgpollError:
+    """Map a psycopg2 error (or one that reads like it: ``pgcode``, ``pgerror``) to the most specific pgpoll error."""
     code = getattr(exc, "pgcode", None)
     msg = _first_line(exc)
     low = msg.lower()

@@ -28,6 +28,8 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 
+from pgpoll.source.names import sql_literal
+
 SESSION_SETTINGS: dict[str, str] = {
     "TimeZone": "UTC",
     "DateStyle": "ISO, MDY",
@@ -43,6 +45,15 @@ _PIN_SQL = "SELECT " + ", ".join("set_config(%s, %s, true)" for _ in SESSION_SET
 _PIN_PARAMS = tuple(part for item in SESSION_SETTINGS.items() for part in item)
 # Setting transaction_read_only to on is allowed at any point of a transaction.
 _PIN_READONLY_SQL = _PIN_SQL + ", set_config('transaction_read_only', 'on', true)"
+
+
+def pin_settings_sql(*, readonly: bool = False) -> str:
+    """:func:`pin_settings` as one statement with the values written in (for a driver without parameters here).
+
+    The names and values are pgpoll's own constants: quoting them is enough.
+    """
+    values = [*SESSION_SETTINGS.items(), *([("transaction_read_only", "on")] if readonly else [])]
+    return "SELECT " + ", ".join(f"set_config({sql_literal(k)}, {sql_literal(v)}, true)" for k, v in values)
 
 
 def pin_settings(cursor: Any, *, readonly: bool = False) -> None:

@@ -15,7 +15,6 @@ changes nothing.
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -301,10 +300,36 @@ def peek_rows(
     READ COMMITTED whatever the connection's default, so the snapshot is the
     statement's own and not one taken before the peek.
     """
+    for chunk in peek_chunks(
+        conn, name, plugin, upto_lsn=upto_lsn, upto_nchanges=upto_nchanges, options=options, itersize=itersize,
+        raw_text=raw_text, on_xid_reference=on_xid_reference,
+    ):
+        for lsn, xid, data in chunk:
+            yield _make_lsn(Lsn, lsn), xid, data
+
+
+def peek_chunks(
+    conn: Any,
+    name: str,
+    plugin: str,
+    *,
+    upto_lsn: Lsn | None = None,
+    upto_nchanges: int | None = None,
+    options: list[str],
+    itersize: int = 10000,
+    raw_text: bool = False,
+    on_xid_reference: Callable[[int], None] | None = None,
+) -> Generator[list[tuple[int, int | None, Any]], None, None]:
+    """:func:`peek_rows` a fetch at a time: lists of up to ``itersize`` rows, each LSN a plain ``int``.
+
+    The ingest task's way in: no Python code runs per row here (the server
+    gives each LSN as a number, ``lsn - '0/0'``, which psycopg2 reads in C),
+    and the caller can decode a whole fetch at once.
+    """
     func = "pg_logical_slot_peek_binary_changes" if plugin in BINARY_PLUGINS else "pg_logical_slot_peek_changes"
     placeholders = ", ".join(["%s"] * len(options))
     query = (
-        f"SELECT lsn, xid::text::bigint, data FROM {func}(%s, %s::pg_lsn, %s"
+        f"SELECT (lsn - '0/0'::pg_lsn)::bigint, xid::text::bigint, data FROM {func}(%s, %s::pg_lsn, %s"
         + (", " + placeholders if options else "")
         + ")"
     )
@@ -312,19 +337,28 @@ def peek_rows(
     try:
         with _read_committed(conn if on_xid_reference is not None else None), \
                 pinned_transaction(conn) as pinned, conn.cursor(name="pgpoll_peek") as cur:
-            cur.itersize = itersize
             if raw_text:
                 psycopg2.extensions.register_type(psycopg2.extensions.BYTES, cur)
             cur.execute(query, params)
-            first = cur.fetchmany(itersize)  # the server decodes the whole peek here
+            chunk = cur.fetchmany(itersize)  # the server decodes the whole peek here
             if on_xid_reference is not None:
                 pinned.execute(_XID_REFERENCE)
                 on_xid_reference(int(pinned.fetchone()[0]))
-            for lsn_text, xid, data in itertools.chain(first, cur):
-                hi, _, lo = lsn_text.partition("/")
-                yield _make_lsn(Lsn, (int(hi, 16) << 32) | int(lo, 16)), xid, data
+            while chunk:
+                yield chunk
+                chunk = cur.fetchmany(itersize)
     except psycopg2.Error as exc:
         raise translate(exc, slot=name) from None
+
+
+def xid_reference(conn: Any) -> int:
+    """``pg_snapshot_xmax(pg_current_snapshot())`` read now, in a statement of its own (see :func:`peek_rows`)."""
+    try:
+        with _read_committed(conn), pinned_transaction(conn) as cur:
+            cur.execute(_XID_REFERENCE)
+            return int(cur.fetchone()[0])
+    except psycopg2.Error as exc:
+        raise translate(exc) from None
 
 
 @contextmanager

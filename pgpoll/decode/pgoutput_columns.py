@@ -1,0 +1,196 @@
+"""pgoutput Insert messages decoded column-wise: a run of inserts into one table straight to Arrow.
+
+Why: the row-by-row fast path (:mod:`pgpoll.decode.pgoutput_tuples`) costs
+about 10 µs of Python per change; a backlog of bulk inserts is mostly runs of
+Insert messages of one relation, back to back. For such a run the layout of
+every message is the same (``'I'``, relation id, ``'N'``, column count, then
+per column a kind byte and, for ``'t'``, a length and the text), so the
+offsets of column *k* in all messages follow from those of column *k-1* with
+a few NumPy operations, and the values are gathered into one Arrow string
+buffer without a Python object per value. The loop is over columns, never
+over rows.
+
+The result is exactly what the row path gives (the tests compare them value
+for value): the ``after`` image as a ``map<string,string>`` with every column
+of the relation in order, ``'n'`` as a null value, booleans printed
+``true``/``false``. Anything else — a kind other than ``'t'``/``'n'`` (binary
+values), a column count that differs from the relation's, a length that does
+not end the message, text that is not UTF-8 — makes :func:`insert_run_after`
+return ``None`` and the caller decodes the run row by row, where the checked
+parser raises the precise error. Pure: no I/O.
+
+:class:`PeekChunk` is a chunk of peeked rows laid out for this: one
+contiguous byte buffer, each row's offsets, and :meth:`PeekChunk.insert_runs`
+finds the runs worth decoding this way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from pgpoll.decode.pgoutput_tuples import PgoutputRelation
+
+__all__ = ["MAX_RUN_BYTES", "MIN_RUN", "Ints", "PeekChunk", "insert_run_after"]
+
+#: Shorter runs go row by row: below this the fixed cost of the column-wise path is not worth it.
+MIN_RUN = 16
+#: A run is decoded in pieces of at most this many bytes of messages (bounded temporaries).
+MAX_RUN_BYTES = 4 << 20
+
+_I, _N, _T, _NULL = 73, 78, 116, 110  # 'I', 'N', 't', 'n'
+_TRUE_FALSE = np.frombuffer(b"truefalse", np.uint8)
+_MAP = pa.map_(pa.string(), pa.string())
+
+Ints = npt.NDArray[np.int64]
+
+
+def _be32(buf: npt.NDArray[np.uint8], at: Ints) -> Ints:
+    """Big-endian unsigned 32-bit integers at offsets ``at`` (every ``at + 3`` inside ``buf``)."""
+    def byte(k: int) -> Ints:
+        return buf[at + k].astype(np.int64)
+
+    return (byte(0) << 24) | (byte(1) << 16) | (byte(2) << 8) | byte(3)
+
+
+class PeekChunk:
+    """The ``data`` of consecutive peeked rows in one buffer, with each row's start and end offset."""
+
+    __slots__ = ("buf", "ends", "starts")
+
+    def __init__(self, buf: npt.NDArray[np.uint8], starts: Ints, ends: Ints) -> None:
+        self.buf, self.starts, self.ends = buf, starts, ends
+
+    @classmethod
+    def of_values(cls, datas: Sequence[Any]) -> PeekChunk:
+        """From the rows' values (``bytes`` or buffers, as psycopg2 gives them): one copy into a new buffer."""
+        lengths = np.fromiter(map(len, datas), np.int64, len(datas))
+        ends = np.cumsum(lengths)
+        return cls(np.frombuffer(b"".join(datas), np.uint8), ends - lengths, ends)
+
+    @classmethod
+    def of_arrow(cls, data: pa.Array[Any]) -> PeekChunk:
+        """From an Arrow ``binary`` / ``large_binary`` column without nulls (ADBC's peek): no copy."""
+        offsets_buffer, values_buffer = data.buffers()[1:3]
+        width = np.int64 if pa.types.is_large_binary(data.type) else np.int32
+        assert offsets_buffer is not None
+        raw = np.frombuffer(memoryview(offsets_buffer), width)[data.offset : data.offset + len(data) + 1]
+        offsets: Ints = raw.astype(np.int64)
+        buf = np.frombuffer(memoryview(values_buffer), np.uint8) if values_buffer is not None else np.zeros(0, np.uint8)
+        return cls(buf, offsets[:-1], offsets[1:])
+
+    def value(self, row: int) -> bytes:
+        """Row ``row``'s data as ``bytes``."""
+        return self.buf[self.starts[row] : self.ends[row]].tobytes()
+
+    def insert_runs(self, min_run: int = MIN_RUN) -> list[tuple[int, int, int]]:
+        """``(first row, row after the last, relation id)`` of each run of at least ``min_run`` Inserts of one relation.
+
+        Only messages without a transaction id (outside streaming) are
+        recognised: ``'I'``, the relation id, ``'N'``. The relation id read
+        here is checked against the decoder's cache by the caller.
+        """
+        n = len(self.starts)
+        if n < min_run:
+            return []
+        long_enough = (self.ends - self.starts) >= 8  # 'I' + relid + 'N' + column count, at least
+        at = np.where(long_enough, self.starts, 0)
+        first = self.buf[at] if len(self.buf) else np.zeros(n, np.uint8)
+        candidate = long_enough & (first == _I)
+        if not candidate.any():
+            return []
+        relid = np.where(candidate, _be32(self.buf, np.where(candidate, at + 1, 0)), -1)
+        cut = np.flatnonzero(relid[1:] != relid[:-1]) + 1  # where a new stretch of equal relation ids starts
+        bounds = np.concatenate(([0], cut, [n]))
+        runs: list[tuple[int, int, int]] = []
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            if hi - lo >= min_run and relid[lo] >= 0:
+                runs.extend((a, b, int(relid[lo])) for a, b in self.pieces(lo, hi))
+        return runs
+
+    def pieces(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """Rows ``lo..hi`` cut into pieces of at most :data:`MAX_RUN_BYTES` (at least one row each).
+
+        The column-wise decoder's temporaries grow with a run's bytes (an
+        index of 8 bytes per value byte), so a run is decoded a piece at a
+        time: memory stays bounded whatever the values' size.
+        """
+        pieces = []
+        while lo < hi:
+            limit = self.starts[lo] + MAX_RUN_BYTES
+            cut = int(np.searchsorted(self.ends[lo:hi], limit, side="right")) + lo
+            cut = min(max(cut, lo + 1), hi)
+            pieces.append((lo, cut))
+            lo = cut
+        return pieces
+
+
+def insert_run_after(chunk: PeekChunk, lo: int, hi: int, rel: PgoutputRelation) -> pa.MapArray[Any, Any] | None:
+    """The ``after`` images of the Insert messages in rows ``lo..hi`` of ``chunk``, or ``None`` to go row by row.
+
+    Every message is checked as the row path checks it: ``'N'`` after the
+    relation id, as many columns as ``rel`` has, each ``'t'`` or ``'n'``, the
+    last value ending the message exactly, text valid UTF-8.
+    """
+    base = int(chunk.starts[lo])
+    buf = chunk.buf[base : int(chunk.ends[hi - 1])]  # the run's bytes only (a view)
+    ends = chunk.ends[lo:hi] - base
+    n, width = hi - lo, rel.width
+    pos = chunk.starts[lo:hi] - base + 5
+    if (buf[pos] != _N).any():
+        return None
+    if ((buf[pos + 1].astype(np.int64) << 8 | buf[pos + 2]) != width).any():
+        return None
+    pos = pos + 3
+    starts = np.empty((n, width), np.int64)
+    lengths = np.zeros((n, width), np.int64)
+    present = np.empty((n, width), np.bool_)
+    bools = set(rel.bool_indexes)
+    for k in range(width):
+        if (pos >= ends).any():
+            return None
+        kind = buf[pos]
+        text = kind == _T
+        if not (text | (kind == _NULL)).all():
+            return None
+        if (np.where(text, pos + 5, 0) > ends).any():
+            return None
+        length = np.where(text, _be32(buf, np.where(text, pos + 1, 0)), 0)
+        starts[:, k] = pos + 5
+        lengths[:, k] = length
+        present[:, k] = text
+        pos = np.where(text, pos + 5 + length, pos + 1)
+        if k in bools:  # boolout's t/f printed as bool::text prints them
+            one = text & (length == 1)
+            value = np.where(one, buf[np.where(one, pos - 1, 0)], 0)
+            t, f = one & (value == _T), one & (value == ord("f"))
+            starts[t, k], lengths[t, k] = len(buf), 4
+            starts[f, k], lengths[f, k] = len(buf) + 4, 5
+    if (pos != ends).any():
+        return None
+    source = np.concatenate((buf, _TRUE_FALSE)) if bools else buf
+    flat_starts, flat_lengths, flat_present = starts.ravel(), lengths.ravel(), present.ravel()
+    offsets = np.zeros(n * width + 1, np.int64)
+    np.cumsum(flat_lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    if total >= 2**31:
+        return None
+    gather = np.repeat(flat_starts - offsets[:-1], flat_lengths) + np.arange(total, dtype=np.int64)
+    data = source[gather]
+    nulls = n * width - int(flat_present.sum())
+    # numpy arrays export the buffer protocol (the stubs do not say so): no copy
+    validity = pa.py_buffer(np.packbits(flat_present, bitorder="little")) if nulls else None  # type: ignore[arg-type]
+    values = pa.StringArray.from_buffers(
+        n * width, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data), validity, nulls  # type: ignore[arg-type]
+    )
+    try:
+        values.validate(full=True)  # UTF-8
+    except pa.ArrowInvalid:
+        return None
+    names = pa.array(rel.names, pa.string()).take(np.tile(np.arange(width, dtype=np.int32), n))
+    map_offsets: Any = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32), pa.int32())
+    return pa.MapArray.from_arrays(map_offsets, names, values)

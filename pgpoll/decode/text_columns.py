@@ -1,0 +1,124 @@
+"""test_decoding INSERT lines decoded column-wise: a run of inserts into one table straight to Arrow.
+
+Why: parsing a test_decoding line costs microseconds of Python (a regex
+match, then a dict per row); a backlog of bulk inserts is mostly runs of
+lines that start alike, ``table public.t: INSERT:``, followed by the same
+`` name[type]:`` separators. Once the first line of a run is decoded the row
+way (which checks it and caches its column layout), the rest of the run is
+cut at those separators with Arrow's substring search (one pass per column,
+no Python per row), each piece is checked against the value grammar
+test_decoding prints (``print_literal``, as :mod:`pgpoll.decode.text_values`
+reads it) with one anchored RE2 match, and the values are unquoted with
+Arrow compute.
+
+Exact, not approximate: a separator's text inside a quoted value makes the
+search find it early, and the piece before it is then never a whole literal
+(a value's quotes are doubled, and every separator starts with a space), so
+the grammar check fails; a line with another column list fails it too. Any
+failure, an unchanged-TOAST marker or text that is not UTF-8 makes
+:func:`insert_run_after` return ``None`` and the caller decodes the run row
+by row. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pgpoll.decode.pgoutput_columns import Ints, PeekChunk
+
+__all__ = ["insert_run_after", "same_prefix_run"]
+
+_BARE = r"null|true|false|NaN|-?Infinity|[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+#: One whole value token (RE2 syntax): what ``_VALUE`` of text_values accepts, less the unchanged-TOAST marker.
+_TOKEN = r"^(?:'[^']*(?:''[^']*)*'|B'[01]*'|" + _BARE + r")$"
+_NULL = pa.scalar(None, pa.string())
+
+
+def same_prefix_run(chunk: PeekChunk, lo: int, hi: int, prefix: bytes) -> int:
+    """The first row in ``lo..hi`` (or ``hi``) whose data does not start with ``prefix``."""
+    if lo >= hi:
+        return lo
+    starts = chunk.starts[lo:hi]
+    width = len(prefix)
+    long_enough = (chunk.ends[lo:hi] - starts) >= width
+    at = np.where(long_enough, starts, 0)[:, None] + np.arange(width, dtype=np.int64)
+    if len(chunk.buf) < width:
+        return lo
+    at = np.minimum(at, len(chunk.buf) - 1)
+    same = long_enough & (chunk.buf[at] == np.frombuffer(prefix, np.uint8)).all(axis=1)
+    return lo + (int(np.argmin(same)) if not same.all() else hi - lo)
+
+
+def _gather(buf: Any, starts: Ints, lengths: Ints) -> pa.Array[Any] | None:
+    """The byte ranges as one UTF-8 string array, or ``None`` when they are not UTF-8."""
+    offsets = np.zeros(len(starts) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    if total >= 2**31:
+        return None
+    data = buf[np.repeat(starts - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)]
+    values = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data))  # type: ignore[arg-type]
+    try:
+        values.validate(full=True)
+    except pa.ArrowInvalid:
+        return None
+    return values
+
+
+def _value(tokens: Any) -> pa.Array[Any] | None:
+    """Tokens to values as the row path gives them: unquoted, ``B'..'`` stripped, ``null`` as NULL."""
+    if not pc.all(pc.match_substring_regex(tokens, _TOKEN)).as_py():
+        return None
+    quoted = pc.starts_with(tokens, "'")
+    values = pc.if_else(quoted, pc.replace_substring(pc.utf8_slice_codeunits(tokens, 1, -1), "''", "'"), tokens)
+    bits = pc.starts_with(tokens, "B'")
+    if pc.any(bits).as_py():
+        values = pc.if_else(bits, pc.utf8_slice_codeunits(tokens, 2, -1), values)
+    result: pa.Array[Any] = pc.if_else(pc.equal(tokens, pa.scalar("null")), _NULL, values)
+    return result
+
+
+def insert_run_after(
+    chunk: PeekChunk, lo: int, hi: int, prefix_length: int, layout: Sequence[tuple[str, str]], names: Sequence[str]
+) -> pa.MapArray[Any, Any] | None:
+    """The ``after`` images of the INSERT lines in rows ``lo..hi``, or ``None`` to go row by row.
+
+    Every line starts with the same ``table ...: INSERT:`` prefix of
+    ``prefix_length`` bytes (:func:`same_prefix_run`); ``layout`` is the
+    printed ``(name, type)`` of each column as the first line of the run
+    showed them, ``names`` the column names as the row path gives them.
+    """
+    n, width = hi - lo, len(layout)
+    if n <= 0 or width == 0:
+        return None
+    base = int(chunk.starts[lo])
+    buf = chunk.buf[base : int(chunk.ends[hi - 1])]
+    starts = chunk.starts[lo:hi] - base
+    ends = chunk.ends[lo:hi] - base
+    offsets = np.append(starts, ends[-1]).astype(np.int32)
+    lines: Any = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(buf)])  # type: ignore[arg-type]
+    separators = [f" {name}[{kind}]:" for name, kind in layout]
+    found = [np.asarray(pc.find_substring(lines, pattern=sep), np.int64) for sep in separators]
+    if (found[0] != prefix_length).any():
+        return None
+    columns = []
+    for k, sep in enumerate(separators):
+        value_start = found[k] + len(sep.encode())
+        value_end = found[k + 1] if k + 1 < width else ends - starts
+        if (value_end <= value_start).any():  # a separator missing, or found out of order
+            return None
+        tokens = _gather(buf, starts + value_start, value_end - value_start)
+        values = _value(tokens) if tokens is not None else None
+        if values is None:
+            return None
+        columns.append(values)
+    order = (np.arange(width, dtype=np.int64)[None, :] * n + np.arange(n, dtype=np.int64)[:, None]).ravel()
+    items = pa.concat_arrays(columns).take(pa.array(order))
+    keys = pa.array(list(names), pa.string()).take(np.tile(np.arange(width, dtype=np.int32), n))
+    map_offsets: Any = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32), pa.int32())
+    return pa.MapArray.from_arrays(map_offsets, keys, items)

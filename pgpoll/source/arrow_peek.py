@@ -1,0 +1,161 @@
+"""Peek a slot straight into Arrow through ADBC: the ingest task's fast fetch.
+
+Why: psycopg2 receives ``bytea`` as hex text and builds a Python object per
+value; for a backlog of a million changes that is seconds on top of the
+server's own decode. adbc-driver-postgresql runs the peek as
+``COPY (query) TO STDOUT (FORMAT binary)`` and parses the stream in C++ into
+Arrow record batches (about 16 MB each: memory stays bounded): the
+``data`` column arrives as one contiguous buffer with offsets, which is what
+:class:`pgpoll.decode.pgoutput_columns.PeekChunk` reads without a copy per row.
+
+Same transaction rules as :func:`pgpoll.source.slots.peek_chunks`: one
+transaction, the session settings pinned inside it with ``set_config(...,
+true)`` (:mod:`pgpoll.source.session`), read-only, rolled back at the end;
+nothing session-level, so a transaction pooler is fine (COPY has no
+parameters, so the peek's arguments are quoted literals, not bound: no
+prepared statement either). Never consumes.
+
+Both plugins: pgoutput's ``bytea`` and test_decoding's ``text`` arrive as
+one buffer with offsets, and the task reads either as bytes (so a
+test_decoding line that is not UTF-8 still reaches the reject file as it
+came). ``PGPOLL_FETCH`` chooses: ``auto`` (ADBC where installed), ``adbc``
+(refuse to run without it), ``psycopg2``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Generator
+from typing import Any
+
+import psycopg2.extensions
+import pyarrow as pa
+
+from pgpoll.errors import ConfigError
+from pgpoll.source.connection import ConnectionTarget, connect_kwargs, redact
+from pgpoll.source.names import sql_literal
+from pgpoll.source.server_errors import translate
+from pgpoll.source.session import pin_settings_sql
+from pgpoll.source.slots import BINARY_PLUGINS
+
+__all__ = ["ADBC", "FETCH_ENV", "PSYCOPG2", "FetchUnavailableError", "choose_fetch", "peek_arrow", "requested_fetch"]
+
+FETCH_ENV = "PGPOLL_FETCH"
+ADBC = "adbc"
+PSYCOPG2 = "psycopg2"
+_CHOICES = ("auto", ADBC, PSYCOPG2)
+
+
+def _adbc_installed() -> bool:
+    try:
+        import adbc_driver_postgresql.dbapi  # type: ignore[import-untyped]  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def requested_fetch() -> str:
+    """``PGPOLL_FETCH`` checked: ``auto`` (unset), ``adbc`` or ``psycopg2``; :class:`ConfigError` otherwise."""
+    raw = os.environ.get(FETCH_ENV, "").strip().lower() or "auto"
+    if raw not in _CHOICES:
+        raise ConfigError(f"{FETCH_ENV}={raw!r} is not one of {', '.join(_CHOICES)}",
+                          f"set {FETCH_ENV} to auto (default), adbc or psycopg2")
+    return raw
+
+
+def choose_fetch(plugin: str, requested: str) -> str:
+    """``"adbc"`` or ``"psycopg2"`` for a peek of ``plugin``, as ``requested`` (see :func:`requested_fetch`).
+
+    ``auto`` takes ADBC where it is installed (checked where the
+    peek runs: an executor may lack it), else psycopg2. Raises
+    :class:`ConfigError` for ``adbc`` where it cannot be used.
+    """
+    usable = _adbc_installed()
+    if requested == ADBC and not usable:
+        raise ConfigError(f"{FETCH_ENV}=adbc, but adbc-driver-postgresql is not installed",
+                          f"pip install adbc-driver-postgresql, or unset {FETCH_ENV} (or set it to psycopg2)")
+    return ADBC if requested != PSYCOPG2 and usable else PSYCOPG2
+
+
+class FetchUnavailableError(Exception):
+    """The ADBC peek failed before its first row: read it with psycopg2 instead.
+
+    Errors the server raises while building the peek (no such slot, slot in
+    use, invalidated, missing publication) arrive from ADBC's COPY stream
+    without their SQLSTATE; psycopg2 gets the same error with it, and
+    :func:`pgpoll.source.server_errors.translate` needs it. A peek that fails
+    here changed nothing, so reading it again is safe; and an ADBC that
+    cannot connect where psycopg2 can costs speed, not the run.
+    """
+
+
+class _ServerError(Exception):
+    """An ADBC error as :func:`pgpoll.source.server_errors.translate` reads errors (``pgcode``, ``pgerror``)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        text = str(exc)
+        line = text.split("ERROR:", 1)[1].strip() if "ERROR:" in text else text
+        super().__init__(line)
+        self.pgcode: str | None = getattr(exc, "sqlstate", None) or None
+        self.pgerror = line.splitlines()[0].rstrip(". ") if line else text
+
+
+def _peek_query(plugin: str, slot: str, upto_nchanges: int | None, options: list[str]) -> str:
+    func = "pg_logical_slot_peek_binary_changes" if plugin in BINARY_PLUGINS else "pg_logical_slot_peek_changes"
+    args = [sql_literal(slot) + "::name", "NULL::pg_lsn",
+            "NULL::int" if upto_nchanges is None else f"{int(upto_nchanges)}::int", *map(sql_literal, options)]
+    return ("SELECT (lsn - '0/0'::pg_lsn)::bigint AS lsn, xid::text::bigint AS xid, data "
+            f"FROM {func}({', '.join(args)})")
+
+
+def peek_arrow(
+    target: ConnectionTarget,
+    slot: str,
+    plugin: str,
+    *,
+    upto_nchanges: int | None,
+    options: list[str],
+    application_name: str,
+    on_first_batch: Callable[[], None] | None = None,
+) -> Generator[pa.RecordBatch, None, None]:
+    """The peek's rows as record batches ``lsn int64, xid int64, data`` (``binary`` for pgoutput, else ``string``).
+
+    Raises :class:`FetchUnavailableError` for a failure before the first batch,
+    a translated :class:`~pgpoll.errors.PgpollError` for one after it.
+
+    ``on_first_batch`` is called once the server has built the peek's whole
+    result (the first batch arrived), before it is yielded: the ingest task
+    reads its transaction-id reference then (on its other connection).
+    """
+    import adbc_driver_postgresql.dbapi as adbc
+
+    password = tuple(p for p in [target.password()] if p)
+    dsn = psycopg2.extensions.make_dsn(target.dsn, **connect_kwargs(target, application_name))
+    try:
+        conn = adbc.connect(dsn, autocommit=False)
+    except adbc.Error as exc:
+        raise FetchUnavailableError(redact(str(exc), password)) from None
+    first = True
+    try:
+        cur = conn.cursor()
+        cur.execute(pin_settings_sql(readonly=True))
+        cur.fetchall()
+        cur.execute(_peek_query(plugin, slot, upto_nchanges, options))
+        reader: Any = cur.fetch_record_batch()
+        for batch in reader:
+            if first and on_first_batch is not None:
+                on_first_batch()
+            first = False
+            yield batch
+        if first and on_first_batch is not None:
+            on_first_batch()
+    except (adbc.Error, OSError, pa.ArrowException) as exc:  # the stream raises Arrow errors, with no SQLSTATE
+        if first:
+            raise FetchUnavailableError(redact(str(exc), password)) from None
+        raise translate(_ServerError(Exception(redact(str(exc), password))), slot=slot) from None
+    finally:
+        with contextlib.suppress(Exception):
+            conn.rollback()
+        with contextlib.suppress(Exception):
+            conn.close()
