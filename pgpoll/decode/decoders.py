@@ -144,10 +144,11 @@ class TextRows:
         layout = self._decoder.insert_layout(prefix.decode("utf-8", "replace"))
         if layout is None:
             return None
-        end = same_prefix_run(chunk, row + 1, hi, prefix)
+        if hi - row - 1 < MIN_RUN:
+            return None
+        end = same_prefix_run(chunk, row + 1, chunk.pieces(row + 1, hi)[0][1], prefix)  # a piece of bounded size
         if end - row - 1 < MIN_RUN:
             return None
-        end = chunk.pieces(row + 1, end)[0][1]
         after = text_insert_run_after(chunk, row + 1, end, len(prefix), *layout)
         return None if after is None else (end, after)
 

@@ -5,17 +5,17 @@ match, then a dict per row); a backlog of bulk inserts is mostly runs of
 lines that start alike, ``table public.t: INSERT:``, followed by the same
 `` name[type]:`` separators. Once the first line of a run is decoded the row
 way (which checks it and caches its column layout), the rest of the run is
-cut at those separators with Arrow's substring search (one pass per column,
-no Python per row), each piece is checked against the value grammar
+cut at those separators with NumPy (no Python per row), each piece is checked against the value grammar
 test_decoding prints (``print_literal``, as :mod:`pgpoll.decode.text_values`
 reads it) with one anchored RE2 match, and the values are unquoted with
 Arrow compute.
 
-Exact, not approximate: a separator's text inside a quoted value makes the
-search find it early, and the piece before it is then never a whole literal
-(a value's quotes are doubled, and every separator starts with a space), so
-the grammar check fails; a line with another column list fails it too. Any
-failure, an unchanged-TOAST marker or text that is not UTF-8 makes
+Exact, not approximate: every separator ends in ``]:``, so one pass over
+the bytes finds them all; a line where that pair turns up more or less often
+than the layout has columns (a value holding ``]:``, another column list)
+is not cut at all, each cut must be exactly the separator's text, and each
+piece between must be one whole value token. Any failure, an
+unchanged-TOAST marker or text that is not UTF-8 makes
 :func:`insert_run_after` return ``None`` and the caller decodes the run row
 by row. Pure: no I/O.
 """
@@ -36,6 +36,8 @@ __all__ = ["insert_run_after", "same_prefix_run"]
 _BARE = r"null|true|false|NaN|-?Infinity|[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 #: One whole value token (RE2 syntax): what ``_VALUE`` of text_values accepts, less the unchanged-TOAST marker.
 _TOKEN = r"^(?:'[^']*(?:''[^']*)*'|B'[01]*'|" + _BARE + r")$"
+_BRACKET, _COLON = ord("]"), ord(":")
+_QUOTED = r"^'[^']*(?:''[^']*)*'$"
 _NULL = pa.scalar(None, pa.string())
 
 
@@ -71,15 +73,33 @@ def _gather(buf: Any, starts: Ints, lengths: Ints) -> pa.Array[Any] | None:
 
 
 def _value(tokens: Any) -> pa.Array[Any] | None:
-    """Tokens to values as the row path gives them: unquoted, ``B'..'`` stripped, ``null`` as NULL."""
+    """Tokens to values as the row path gives them: unquoted, ``B'..'`` stripped, ``null`` as NULL.
+
+    A column of only quoted literals (text, dates...) or only bare tokens
+    (numbers, booleans) takes the short way; a mix, the general one.
+    """
+    quoted = pc.starts_with(tokens, "'")
+    count = pc.sum(quoted).as_py() or 0
+    if count == len(tokens):
+        if not pc.all(pc.match_substring_regex(tokens, _QUOTED)).as_py():
+            return None
+        inner = pc.utf8_slice_codeunits(tokens, 1, -1)
+        if pc.any(pc.match_substring(inner, "''")).as_py():
+            inner = pc.replace_substring(inner, "''", "'")
+        fixed: pa.Array[Any] = inner
+        return fixed
     if not pc.all(pc.match_substring_regex(tokens, _TOKEN)).as_py():
         return None
-    quoted = pc.starts_with(tokens, "'")
-    values = pc.if_else(quoted, pc.replace_substring(pc.utf8_slice_codeunits(tokens, 1, -1), "''", "'"), tokens)
+    values = tokens
+    if count:
+        values = pc.if_else(quoted, pc.replace_substring(pc.utf8_slice_codeunits(tokens, 1, -1), "''", "'"), tokens)
     bits = pc.starts_with(tokens, "B'")
     if pc.any(bits).as_py():
         values = pc.if_else(bits, pc.utf8_slice_codeunits(tokens, 2, -1), values)
-    result: pa.Array[Any] = pc.if_else(pc.equal(tokens, pa.scalar("null")), _NULL, values)
+    nulls = pc.equal(tokens, pa.scalar("null"))
+    if pc.any(nulls).as_py():
+        values = pc.if_else(nulls, _NULL, values)
+    result: pa.Array[Any] = values
     return result
 
 
@@ -100,19 +120,31 @@ def insert_run_after(
     buf = chunk.buf[base : int(chunk.ends[hi - 1])]
     starts = chunk.starts[lo:hi] - base
     ends = chunk.ends[lo:hi] - base
-    offsets = np.append(starts, ends[-1]).astype(np.int32)
-    lines: Any = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(buf)])  # type: ignore[arg-type]
-    separators = [f" {name}[{kind}]:" for name, kind in layout]
-    found = [np.asarray(pc.find_substring(lines, pattern=sep), np.int64) for sep in separators]
-    if (found[0] != prefix_length).any():
+    separators = [f" {name}[{kind}]:".encode() for name, kind in layout]
+    # Every separator ends in "]:"; find them all in one pass over the bytes, skipping the prefix.
+    colon = np.flatnonzero((buf[:-1] == _BRACKET) & (buf[1:] == _COLON)) + 1
+    line = np.searchsorted(starts, colon, side="right") - 1
+    keep = colon - starts[line] >= prefix_length
+    colon, line = colon[keep], line[keep]
+    if len(colon) != n * width or (np.bincount(line, minlength=n) != width).any():
+        return None  # a value holds "]:", or the line has another column count: row by row
+    found = colon.reshape(n, width)  # positions ascend, lines are in order: row i's are row i of this
+    begins = []
+    for k, sep in enumerate(separators):
+        begin = found[:, k] - len(sep) + 1
+        at = begin[:, None] + np.arange(len(sep), dtype=np.int64)
+        if (begin < starts).any() or not (buf[at] == np.frombuffer(sep, np.uint8)).all():
+            return None  # another column name or type
+        begins.append(begin)
+    if (begins[0] != starts + prefix_length).any():
         return None
     columns = []
-    for k, sep in enumerate(separators):
-        value_start = found[k] + len(sep.encode())
-        value_end = found[k + 1] if k + 1 < width else ends - starts
-        if (value_end <= value_start).any():  # a separator missing, or found out of order
+    for k in range(width):
+        value_start = found[:, k] + 1
+        value_end = begins[k + 1] if k + 1 < width else ends
+        if (value_end <= value_start).any():
             return None
-        tokens = _gather(buf, starts + value_start, value_end - value_start)
+        tokens = _gather(buf, value_start, value_end - value_start)
         values = _value(tokens) if tokens is not None else None
         if values is None:
             return None

@@ -266,6 +266,8 @@ def run_ingest(
         for text in opts.row_filters:
             parse_row_filter(text)
     check_local_output(opts.output)  # a local output's problems are found before Spark's start-up
+    fetch = requested_fetch()  # PGPOLL_FETCH: a bad value, or adbc where it is not installed, is exit 2 at once
+    choose_fetch("pgoutput", fetch)
     summary = RunSummary(slot=opts.slot)
     sparks = _SparkOnDemand(spark, stop, show_progress)
     lease: Lease | None = None
@@ -297,8 +299,6 @@ def run_ingest(
         options = tuple(slot_access.peek_options(plugin, publications=list(opts.publications)))
         patterns = TablePatterns(tuple(opts.tables), tuple(opts.exclude_tables))
         batches_started = time.monotonic()
-        fetch = requested_fetch()
-        choose_fetch(plugin, fetch)  # PGPOLL_FETCH=adbc where it cannot be used: exit 2 before any batch
         small_wal = driver_batch_wal() if local and choose_writer(sink.fs.path(layout.STAGING)) == PYARROW else 0
         heartbeat_sent = False  # a run that catches up ends with a heartbeat batch (see below)
         stats: dict[str, Any] | None = None

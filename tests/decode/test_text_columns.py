@@ -52,8 +52,8 @@ def _line(*columns: str) -> bytes:
 
 
 def test_values_equal_the_row_path() -> None:
-    values = ["'plain'", "''", "'it''s'", "'null'", "null", "'☃ ünïcode'", "'a\\b'", "'x v[text]:''y'''",
-              "'x v[text]:y'", "'a'' v[text]:'''", "'line\nbreak'"]
+    values = ["'plain'", "''", "'it''s'", "'null'", "null", "'☃ ünïcode'", "'a\\b'", "'x v[text] ''y'''",
+              "'[x]'", "'line\nbreak'"]
     numbers = ["1", "-2.5", "1e10", "NaN", "-Infinity", "null", "+.5", "3.", "true", "B'0101'", "B''"]
     lines = [_line(f"n[numeric]:{numbers[i % len(numbers)]}", f"v[text]:{values[i % len(values)]}",
                    "\"odd name\"[character varying(3)]:'abc'") for i in range(40)]
@@ -72,6 +72,10 @@ def test_values_equal_the_row_path() -> None:
     _line("n[numeric]:1", "v[text]:'unterminated"),
     _line("n[numeric]:1 2", "v[text]:'a'"),
     _line("n[numeric]:1", "v[text]:'a'") + b"\xff",
+    _line("n[numeric]:1", "v[text]:'x v[text]:''y'''"),  # a separator's text inside a value
+    _line("n[numeric]:1", "v[text]:'x v[text]:y'"),
+    _line("n[numeric]:1", "v[text]:'a'' v[text]:'''"),
+    _line("n[numeric]:1", "v[text]:'a]:b'"),
     (_HEAD + " (no-tuple-data)").encode(),
 ])
 def test_a_line_unlike_the_first_declines_the_run(trap: bytes) -> None:

@@ -28,6 +28,7 @@ from pgpoll.source.slots import peek_options
 from pgpoll.table_patterns import TablePatterns
 from pgpoll.testing.cluster import wait_until
 from tests.cli.conftest import pg_recvlogical
+from tests.ingest.conftest import ingest
 
 _OUTCOME = ("peeked_rows", "changes", "advance_to", "first_commit_lsn", "last_commit_lsn", "first_commit_ts",
             "last_commit_ts", "xid_min", "xid_max", "open_transaction_at_end", "schemas")
@@ -157,3 +158,22 @@ def test_pgpoll_fetch_is_checked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     monkeypatch.setenv(FETCH_ENV, "fast")
     with pytest.raises(ConfigError, match="PGPOLL_FETCH='fast'"):
         requested_fetch()
+
+
+def test_a_bad_pgpoll_fetch_is_exit_2_before_anything(db: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db.require_plugin("pgoutput")
+    db.execute("CREATE TABLE items (id int PRIMARY KEY)")
+    db.execute("CREATE PUBLICATION pub_cols FOR TABLE items")
+    slot = db.slot_name()
+    db.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    db.execute("INSERT INTO items VALUES (1)")
+    position = "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s"
+    before = db.execute(position, (slot,))
+    monkeypatch.setenv(FETCH_ENV, "turbo")
+    result = ingest(db.dsn, "--slot", slot, "--publication", "pub_cols", "--output", str(tmp_path / "out"))
+    assert result.exit_code == 2 and "PGPOLL_FETCH='turbo'" in result.stderr
+    assert not (tmp_path / "out").exists() and db.execute(position, (slot,)) == before
+    monkeypatch.setenv(FETCH_ENV, "psycopg2")
+    result = ingest(db.dsn, "--slot", slot, "--publication", "pub_cols", "--output", str(tmp_path / "out"))
+    assert result.exit_code == 0 and result.summary is not None
+    assert result.summary["fetch"] == "psycopg2" and result.summary["changes"] == 1
