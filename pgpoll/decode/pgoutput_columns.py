@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pgpoll.decode.pgoutput_tuples import PgoutputRelation
 
@@ -43,18 +44,17 @@ MIN_RUN = 16
 MAX_RUN_BYTES = 4 << 20
 
 _I, _N, _T, _NULL = 73, 78, 116, 110  # 'I', 'N', 't', 'n'
-_TRUE_FALSE = np.frombuffer(b"truefalse", np.uint8)
+_FOUR = np.arange(4, dtype=np.int64)
 _MAP = pa.map_(pa.string(), pa.string())
 
 Ints = npt.NDArray[np.int64]
 
 
 def _be32(buf: npt.NDArray[np.uint8], at: Ints) -> Ints:
-    """Big-endian unsigned 32-bit integers at offsets ``at`` (every ``at + 3`` inside ``buf``)."""
-    def byte(k: int) -> Ints:
-        return buf[at + k].astype(np.int64)
-
-    return (byte(0) << 24) | (byte(1) << 16) | (byte(2) << 8) | byte(3)
+    """Big-endian unsigned 32-bit integers at offsets ``at`` (every ``at + 3`` inside ``buf``): one gather."""
+    four = buf[at[:, None] + _FOUR]  # (n, 4) bytes, contiguous
+    result: Ints = four.view(">u4").ravel().astype(np.int64)
+    return result
 
 
 class PeekChunk:
@@ -135,6 +135,11 @@ def insert_run_after(chunk: PeekChunk, lo: int, hi: int, rel: PgoutputRelation) 
     Every message is checked as the row path checks it: ``'N'`` after the
     relation id, as many columns as ``rel`` has, each ``'t'`` or ``'n'``, the
     last value ending the message exactly, text valid UTF-8.
+
+    The values' bytes are taken out of the run's buffer with one boolean
+    mask (the bytes between each value's start and end), which keeps them in
+    the buffer's order: row by row, column by column, the order of the map's
+    items.
     """
     base = int(chunk.starts[lo])
     buf = chunk.buf[base : int(chunk.ends[hi - 1])]  # the run's bytes only (a view)
@@ -149,48 +154,62 @@ def insert_run_after(chunk: PeekChunk, lo: int, hi: int, rel: PgoutputRelation) 
     starts = np.empty((n, width), np.int64)
     lengths = np.zeros((n, width), np.int64)
     present = np.empty((n, width), np.bool_)
-    bools = set(rel.bool_indexes)
     for k in range(width):
         if (pos >= ends).any():
             return None
         kind = buf[pos]
         text = kind == _T
-        if not (text | (kind == _NULL)).all():
-            return None
-        if (np.where(text, pos + 5, 0) > ends).any():
-            return None
-        length = np.where(text, _be32(buf, np.where(text, pos + 1, 0)), 0)
+        if text.all():
+            if (pos + 5 > ends).any():
+                return None
+            length = _be32(buf, pos + 1)
+        else:
+            if not (text | (kind == _NULL)).all() or (np.where(text, pos + 5, 0) > ends).any():
+                return None
+            length = np.where(text, _be32(buf, np.where(text, pos + 1, 0)), 0)
         starts[:, k] = pos + 5
         lengths[:, k] = length
         present[:, k] = text
         pos = np.where(text, pos + 5 + length, pos + 1)
-        if k in bools:  # boolout's t/f printed as bool::text prints them
-            one = text & (length == 1)
-            value = np.where(one, buf[np.where(one, pos - 1, 0)], 0)
-            t, f = one & (value == _T), one & (value == ord("f"))
-            starts[t, k], lengths[t, k] = len(buf), 4
-            starts[f, k], lengths[f, k] = len(buf) + 4, 5
     if (pos != ends).any():
         return None
-    source = np.concatenate((buf, _TRUE_FALSE)) if bools else buf
     flat_starts, flat_lengths, flat_present = starts.ravel(), lengths.ravel(), present.ravel()
     offsets = np.zeros(n * width + 1, np.int64)
     np.cumsum(flat_lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    if total >= 2**31:
+    if int(offsets[-1]) >= 2**31:
         return None
-    gather = np.repeat(flat_starts - offsets[:-1], flat_lengths) + np.arange(total, dtype=np.int64)
-    data = source[gather]
+    filled = flat_lengths > 0  # value starts and ends are distinct positions (a header lies between any two)
+    edges = np.zeros(len(buf) + 1, np.int8)
+    edges[flat_starts[filled]] = 1
+    edges[flat_starts[filled] + flat_lengths[filled]] = -1
+    data = buf[np.cumsum(edges[:-1], dtype=np.int8).view(np.bool_)]
     nulls = n * width - int(flat_present.sum())
     # numpy arrays export the buffer protocol (the stubs do not say so): no copy
     validity = pa.py_buffer(np.packbits(flat_present, bitorder="little")) if nulls else None  # type: ignore[arg-type]
-    values = pa.StringArray.from_buffers(
+    values: Any = pa.StringArray.from_buffers(
         n * width, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data), validity, nulls  # type: ignore[arg-type]
     )
     try:
         values.validate(full=True)  # UTF-8
     except pa.ArrowInvalid:
         return None
+    if rel.bool_indexes:
+        values = _bool_text(values, buf, starts, lengths, present, rel.bool_indexes)
     names = pa.array(rel.names, pa.string()).take(np.tile(np.arange(width, dtype=np.int32), n))
     map_offsets: Any = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32), pa.int32())
     return pa.MapArray.from_arrays(map_offsets, names, values)
+
+
+def _bool_text(values: Any, buf: Any, starts: Any, lengths: Any, present: Any, columns: tuple[int, ...]) -> Any:
+    """Boolean columns' ``t``/``f`` (boolout) as ``true``/``false`` (``bool::text``); any other text unchanged."""
+    one = np.zeros(starts.shape, np.bool_)
+    byte = np.zeros(starts.shape, np.uint8)
+    for k in columns:
+        one[:, k] = present[:, k] & (lengths[:, k] == 1)
+        byte[:, k] = np.where(one[:, k], buf[np.where(one[:, k], starts[:, k], 0)], 0)
+    true, false = one & (byte == _T), one & (byte == ord("f"))
+    mask = (true | false).ravel()
+    if not mask.any():
+        return values
+    words = pa.array(["false", "true"], pa.string()).take(pa.array(true.ravel()[mask].astype(np.int8)))
+    return pc.replace_with_mask(values, pa.array(mask), words)

@@ -1,7 +1,8 @@
 """The Spark task of one batch: peek, decode, assemble, write Parquet (or yield Arrow to Spark's writer).
 
-Runs on an executor: it opens its own connection, streams the peek through a
-server-side cursor, decodes each row, groups rows into committed transactions
+Runs on an executor: it opens its own connection, streams the peek (ADBC into
+Arrow, or a psycopg2 server-side cursor: :mod:`pgpoll.ingest.peek_chunks`),
+decodes it — runs of INSERTs column-wise, the rest row by row — groups rows into committed transactions
 and produces the change envelope as Arrow record batches — no row passes
 through the driver. Two ways to write them:
 
@@ -41,6 +42,7 @@ from pgpoll.ingest.batch_assembler import BatchAssembler
 from pgpoll.ingest.progress_channel import ChannelAddress, ProgressReporter
 from pgpoll.lsn import Lsn
 from pgpoll.sink.parquet_writer import PYARROW, SPARK, PartFiles, StagingTarget, WriterThread, clear_directory
+from pgpoll.source.arrow_peek import PSYCOPG2
 from pgpoll.table_patterns import TablePatterns
 
 
@@ -121,7 +123,7 @@ def iter_batch(
     peek (its ``schemas`` registry grows as rows are decoded).
     """
     from pgpoll.ingest.peek_chunks import Chunk, peek_chunks
-    from pgpoll.source.arrow_peek import PSYCOPG2, choose_fetch
+    from pgpoll.source.arrow_peek import choose_fetch
     from pgpoll.source.catalog import catalog_table
     from pgpoll.source.connection import ConnectionTarget, connect
 
@@ -149,7 +151,7 @@ def iter_batch(
             conn, spec.dsn, spec.slot, spec.plugin, fetch=outcome.fetch, upto_nchanges=spec.upto_nchanges,
             options=list(spec.options), rows_per_fetch=CHUNK_ROWS,
             on_xid_reference=asm.set_xid_reference,  # the assembler widens each committed 32-bit xid with it
-            on_fallback=lambda why: setattr(outcome, "fetch", PSYCOPG2),
+            on_fallback=lambda why: _fell_back(outcome, why),
         )
 
         text_run = decode.text_run if spec.column_inserts else None
@@ -234,6 +236,13 @@ def iter_batch(
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()
+
+
+def _fell_back(outcome: BatchOutcome, why: str) -> None:
+    import logging
+
+    logging.getLogger(__name__).info("the ADBC peek failed before its first row (%s): reading it with psycopg2", why)
+    outcome.fetch = PSYCOPG2
 
 
 def _dispatch(asm: BatchAssembler, event: Any, lsn: int) -> Iterator[pa.RecordBatch]:
