@@ -122,7 +122,7 @@ def measure_backlog(
     conn.autocommit = True
     _fresh_table(conn)
     tag = f"{plugin[:2]}{changes}r{run}"
-    for name in (f"srv_{tag}", f"rcv_{tag}", f"pgp_{tag}", *([f"typ_{tag}"] if typed else [])):
+    for name in (f"srv_{tag}", f"rcv_{tag}", f"pgp_{tag}", f"drv_{tag}", *([f"typ_{tag}"] if typed else [])):
         _slot(conn, name, plugin)
     _fill(conn, changes, txn_rows)
     _slot(conn, f"nil_{tag}", plugin)  # empty slots: measure runs with nothing to do
@@ -159,6 +159,10 @@ def measure_backlog(
                              env_extra={"PGPOLL_DRIVER_BATCH_WAL": "0"})
     full_s, summary = _ingest(dsn, f"pgp_{tag}", str(work / f"pgp_{tag}"), plugin, changes * 3, writer=writer)
     shutil.rmtree(work / f"pgp_{tag}", ignore_errors=True)
+    # the same drain with every batch in the driver (a local output needs no Spark at all): against the empty run
+    driver_s, _ = _ingest(dsn, f"drv_{tag}", str(work / f"drv_{tag}"), plugin, changes * 3, writer=writer,
+                          env_extra={"PGPOLL_DRIVER_BATCH_WAL": str(1 << 50)})
+    shutil.rmtree(work / f"drv_{tag}", ignore_errors=True)
     result: dict[str, Any] = {}
     if typed:
         typed_s, typed_summary = _ingest(dsn, f"typ_{tag}", str(work / f"typ_{tag}"), plugin, changes * 3,
@@ -168,14 +172,15 @@ def measure_backlog(
                       typed_ratio=(typed_s - empty_job_s) / max(full_s - empty_job_s, 1e-9))
     if task:
         result.update(measure_task(dsn, f"srv_{tag}", plugin, work))
-    for name in (f"srv_{tag}", f"rcv_{tag}", f"nil_{tag}", f"njb_{tag}", f"pgp_{tag}", *([f"typ_{tag}"] if typed else [])):
+    for name in (f"srv_{tag}", f"rcv_{tag}", f"nil_{tag}", f"njb_{tag}", f"pgp_{tag}", f"drv_{tag}",
+                 *([f"typ_{tag}"] if typed else [])):
         _sql(conn, "SELECT pg_drop_replication_slot(%s)", (name,))  # leave no slot pinning WAL for the next run
     conn.close()
     net = full_s - empty_job_s
     result.update({
         "plugin": plugin, "changes": changes, "peek_rows": rows, "server_s": server_s, "recvlogical_s": recv_s,
         "pgpoll_s": full_s, "pgpoll_empty_s": empty_s, "pgpoll_empty_job_s": empty_job_s, "pgpoll_net_s": net,
-        "ratio": net / server_s,
+        "ratio": net / server_s, "driver_s": driver_s, "driver_ratio": (driver_s - empty_s) / server_s,
         "written": summary["changes"], "batch_s": summary["batch_seconds"], "writer": summary.get("writer"),
         "fetch": summary.get("fetch"),
     })
@@ -249,6 +254,8 @@ def main() -> None:
         if not args.skip_typed:
             gate += f"   |   typed / plain (net of the empty run): {m('typed_ratio'):.2f}x (goal <= 1.25x)"
         print(gate)
+        print(f"  drain with every batch in the driver:   {m('driver_s'):.2f} s; (that - empty run) / server: "
+              f"{m('driver_ratio'):.2f}x (PGPOLL_DRIVER_BATCH_WAL large: a local output drains with no Spark)")
         if not args.skip_task:
             print(f"  where the time goes (no Spark, same peek, {r['task_rows']:,} rows): task fetch+decode+Arrow "
                   f"{m('task_decode_s'):.2f} s; the same with pyarrow's Parquet write (on its thread) {m('task_write_s'):.2f} s; "

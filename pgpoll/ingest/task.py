@@ -306,7 +306,8 @@ def write_batch(spec: BatchSpec, outcome: BatchOutcome) -> None:
     The envelope goes to ``target.envelope`` as it is produced (one row group
     per record batch, written on a :class:`WriterThread` that overlaps with
     decoding; at most a few batches in memory); with ``spec.typed_tables`` each
-    table's typed rows go under ``target.tables`` in the same pass. A write
+    table's typed rows go under ``target.tables`` in the same pass, converted
+    and written on a second thread. A write
     error is reported in ``outcome.error``; the driver discards the staging.
     """
     from pgpoll.sink.typed_tables import TypedTableWriters
@@ -325,26 +326,28 @@ def write_batch(spec: BatchSpec, outcome: BatchOutcome) -> None:
         clear_directory(typed_dir)
     envelope = PartFiles(target.envelope)
     writes = WriterThread()
-
-    def write(batch: pa.RecordBatch) -> None:
-        envelope.write(batch)
-        if holder:
-            holder[0].write(batch)
+    typed_writes = WriterThread() if typed_dir is not None else None  # its own thread: both overlap decoding
 
     batches = iter_batch(spec, outcome, on_assembler=ready)
     try:
         for batch in batches:
             if batch.num_rows:
-                writes.submit(lambda b=batch: write(b))  # type: ignore[misc]
+                writes.submit(lambda b=batch: envelope.write(b))  # type: ignore[misc]
+                if typed_writes is not None and holder:
+                    typed_writes.submit(lambda b=batch: holder[0].write(b))  # type: ignore[misc]
         writes.finish()
+        if typed_writes is not None:
+            typed_writes.finish()
         envelope.close()
         if holder:
             outcome.typed_files, outcome.ledgers = holder[0].close()
         elif typed_dir is not None:
             outcome.typed_files = {}
     except Exception as exc:  # reported to the driver, which discards the staging
-        with contextlib.suppress(Exception):
-            writes.finish()
+        for thread in (writes, typed_writes):
+            if thread is not None:
+                with contextlib.suppress(Exception):
+                    thread.finish()
         envelope.abort()
         if holder:
             holder[0].abort()
