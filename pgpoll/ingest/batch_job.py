@@ -52,11 +52,22 @@ DRIVER_BATCH_WAL = 16 << 20
 """The default of :data:`DRIVER_BATCH_ENV`: 16 MiB of WAL, about 100,000 small row changes at most."""
 
 
-def driver_batch_wal() -> int:
-    """The WAL lag (bytes) up to which a batch runs in the driver (``PGPOLL_DRIVER_BATCH_WAL``, default 16 MiB)."""
+#: "No limit": every batch of a local output runs in the driver (local Spark: an executor is this machine too).
+EVERY_BATCH = 1 << 62
+
+
+def driver_batch_wal(local_master: bool = False) -> int:
+    """The WAL lag (bytes) up to which a batch runs in the driver (``PGPOLL_DRIVER_BATCH_WAL``).
+
+    The default is 16 MiB, and no limit at all when Spark would run in local
+    mode (``local_master``, :func:`pgpoll.spark.session.local_master_expected`):
+    there a batch's single task would run on this machine anyway, only behind
+    a Spark start-up and a Python worker's, so the driver runs every batch
+    itself and a run never starts Spark.
+    """
     raw = os.environ.get(DRIVER_BATCH_ENV, "").strip()
     if not raw:
-        return DRIVER_BATCH_WAL
+        return EVERY_BATCH if local_master else DRIVER_BATCH_WAL
     try:
         value = int(raw)
     except ValueError:
@@ -121,11 +132,17 @@ def run_batch(
             sink.fs.delete(plan.tables_staging)
             acc = None if in_driver else spark.sparkContext.accumulator({}, _Outcomes())
             collected: list[BatchOutcome] = []
-            work = _batch_work(spark, spec, plan, writer, acc, collected, in_driver)
+            work = _batch_work(spark, spec, plan, writer, acc, collected, in_driver,
+                               (lambda: stop.requested) if stop is not None else None)
             forget = (stop.on_request(lambda: cancel_quietly(spark)) if stop is not None and not in_driver
                       else (lambda: None))
             try:
                 work()
+                if in_driver and stop is not None and stop.requested:  # the task stopped early (see write_batch)
+                    sink.discard(plan)
+                    raise StoppedError()
+            except StoppedError:
+                raise
             except Exception as exc:
                 if stop is not None and stop.requested:
                     sink.discard(plan)
@@ -155,10 +172,10 @@ def run_batch(
 
 
 def _batch_work(spark: Any, spec: BatchSpec, plan: Plan, writer: str, acc: Any, collected: list[BatchOutcome],
-                in_driver: bool) -> Callable[[], None]:
+                in_driver: bool, stopped: Callable[[], bool] | None = None) -> Callable[[], None]:
     """What runs the batch: the task in this process, a pyarrow RDD job, or ``mapInArrow`` into Spark's writer."""
     if in_driver:
-        return lambda: collected.append(write_batch_here(spec))
+        return lambda: collected.append(write_batch_here(spec, stopped))
     if writer == PYARROW:
         job = spark.sparkContext.parallelize([0], 1).mapPartitions(pyarrow_task(spec))
         return lambda: collected.extend(job.collect())

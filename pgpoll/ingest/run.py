@@ -12,12 +12,13 @@ everything it saw. Exactly once rests on that fence, not on the lease, which
 only gives a second run its fast "busy" answer.
 
 Spark starts only when a batch needs it. For a local or ``file:`` output the
-driver reads and writes the output itself (no JVM), and a batch whose slot is
-at most a few megabytes of WAL behind runs in the driver
-(:func:`pgpoll.ingest.batch_job.driver_batch_wal`): a scheduled run that finds
-little or nothing new — the usual case of a 5-minute schedule — then starts no
-SparkSession at all. Other outputs go through Hadoop's filesystem, so Spark
-starts first.
+driver reads and writes the output itself (no JVM), and a batch runs in the
+driver when Spark would be local anyway, or else when its slot is at most a
+few megabytes of WAL behind (:func:`pgpoll.ingest.batch_job.driver_batch_wal`):
+a run on a local Spark never starts a SparkSession, and under
+``spark-submit`` a scheduled run that finds little or nothing new — the usual
+case of a 5-minute schedule — starts none either. Other outputs go through
+Hadoop's filesystem, so Spark starts first.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from pgpoll.source.control import ControlConnection
 from pgpoll.source.names import check_identifier, check_slot_name
 from pgpoll.source.publications import publication_exists
 from pgpoll.spark.filesystems import check_local_output, connector_hint
-from pgpoll.spark.session import configure_writes, spark_session
+from pgpoll.spark.session import configure_writes, local_master_expected, spark_session
 from pgpoll.stopping import StopRequest
 from pgpoll.table_patterns import TablePatterns
 
@@ -299,7 +300,8 @@ def run_ingest(
         options = tuple(slot_access.peek_options(plugin, publications=list(opts.publications)))
         patterns = TablePatterns(tuple(opts.tables), tuple(opts.exclude_tables))
         batches_started = time.monotonic()
-        small_wal = driver_batch_wal() if local and choose_writer(sink.fs.path(layout.STAGING)) == PYARROW else 0
+        in_reach = local and choose_writer(sink.fs.path(layout.STAGING)) == PYARROW  # the driver can write it
+        small_wal = driver_batch_wal(local_master_expected(spark)) if in_reach else 0
         heartbeat_sent = False  # a run that catches up ends with a heartbeat batch (see below)
         stats: dict[str, Any] | None = None
         while True:

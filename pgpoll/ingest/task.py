@@ -113,14 +113,18 @@ def _reject(lsn: int, xid: int | None, data: Any, error: DecodeError, row_number
 
 
 def iter_batch(
-    spec: BatchSpec, outcome: BatchOutcome, on_assembler: Callable[[BatchAssembler], None] | None = None
+    spec: BatchSpec, outcome: BatchOutcome, on_assembler: Callable[[BatchAssembler], None] | None = None,
+    stopped: Callable[[], bool] | None = None,
 ) -> Generator[pa.RecordBatch, None, None]:
     """Peek, decode and assemble one batch, yielding Arrow record batches; fills ``outcome``.
 
     Errors are recorded in ``outcome.error`` (and a bad row in
     ``outcome.reject``) instead of raised, so the driver can report them with
     their own exit code. ``on_assembler`` gets the batch assembler before the
-    peek (its ``schemas`` registry grows as rows are decoded).
+    peek (its ``schemas`` registry grows as rows are decoded). ``stopped``
+    (a batch in the driver: SIGINT/SIGTERM was received) is asked before each
+    fetch; when it says so the batch ends there, unfinished, and the caller
+    discards it.
     """
     from pgpoll.ingest.peek_chunks import Chunk, peek_chunks
     from pgpoll.source.arrow_peek import choose_fetch
@@ -194,6 +198,9 @@ def iter_batch(
         def batches() -> Iterator[pa.RecordBatch]:
             reporter.report("server", force=True)  # the server builds the whole result before the first row
             for chunk in chunks:
+                if stopped is not None and stopped():
+                    outcome.error = PgpollError("the batch was interrupted", "run again: it starts where this one did")
+                    return
                 if not outcome.peeked_rows:
                     faults.crash_if("after-peek", spec.fault)
                 columns = chunk.columns if insert_run is not None else None
@@ -300,7 +307,7 @@ def spark_task(spec: BatchSpec, accumulator: Any) -> Callable[[Iterator[pa.Recor
     return run
 
 
-def write_batch(spec: BatchSpec, outcome: BatchOutcome) -> None:
+def write_batch(spec: BatchSpec, outcome: BatchOutcome, stopped: Callable[[], bool] | None = None) -> None:
     """Run :func:`iter_batch` and write its record batches to ``spec.target`` with pyarrow; fills ``outcome``.
 
     The envelope goes to ``target.envelope`` as it is produced (one row group
@@ -328,7 +335,7 @@ def write_batch(spec: BatchSpec, outcome: BatchOutcome) -> None:
     writes = WriterThread()
     typed_writes = WriterThread() if typed_dir is not None else None  # its own thread: both overlap decoding
 
-    batches = iter_batch(spec, outcome, on_assembler=ready)
+    batches = iter_batch(spec, outcome, on_assembler=ready, stopped=stopped)
     try:
         for batch in batches:
             if batch.num_rows:
@@ -359,11 +366,11 @@ def write_batch(spec: BatchSpec, outcome: BatchOutcome) -> None:
         batches.close()
 
 
-def write_batch_here(spec: BatchSpec) -> BatchOutcome:
-    """:func:`write_batch` in this process (an executor's task, or the driver for a small batch); the outcome."""
+def write_batch_here(spec: BatchSpec, stopped: Callable[[], bool] | None = None) -> BatchOutcome:
+    """:func:`write_batch` in this process (an executor's task, or the driver); the outcome."""
     outcome = BatchOutcome(writer=PYARROW)
     try:
-        write_batch(spec, outcome)
+        write_batch(spec, outcome, stopped)
     finally:
         outcome.extra["task_peak_rss_kb"] = _peak_rss_kb()
     return outcome

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -52,6 +52,30 @@ def debug_requested(verbose: bool = False) -> bool:
 def under_spark_submit() -> bool:
     """True when the driver JVM was started by ``spark-submit`` (or the launcher was given a master)."""
     return bool(os.environ.get("SPARK_ENV_LOADED")) or "spark.master" in os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+
+
+def local_master_expected(spark: Any = None) -> bool:
+    """True when this run's Spark is (or would be) local mode: its executors are this machine.
+
+    With a session given, its master says. Otherwise Spark has not started:
+    under ``spark-submit`` the master is not known here (False); without it,
+    PySpark starts ``local[*]`` unless ``PYSPARK_SUBMIT_ARGS`` or
+    ``spark-defaults.conf`` (in ``SPARK_CONF_DIR`` or ``SPARK_HOME/conf``)
+    names another master.
+    """
+    if spark is not None:
+        return str(spark.sparkContext.master).startswith("local")
+    if under_spark_submit() or "--master" in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+        return False
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        str(Path(os.environ["SPARK_HOME"]) / "conf") if os.environ.get("SPARK_HOME") else None)
+    defaults = Path(conf_dir) / "spark-defaults.conf" if conf_dir else None
+    if defaults is not None and defaults.is_file():
+        for line in defaults.read_text(errors="replace").splitlines():
+            parts = line.split(None, 1)
+            if len(parts) == 2 and parts[0] == "spark.master" and not parts[1].strip().startswith("local"):
+                return False
+    return True
 
 
 def quiet_java_options(config: Path | None = None) -> str:

@@ -9,7 +9,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from pgpoll.errors import ConfigError
-from pgpoll.ingest.batch_job import DRIVER_BATCH_ENV, DRIVER_BATCH_WAL, driver_batch_wal
+from pgpoll.ingest.batch_job import DRIVER_BATCH_ENV, DRIVER_BATCH_WAL, EVERY_BATCH, driver_batch_wal
 from tests.ingest.conftest import confirmed_lsn, ingest, ingest_process
 
 KEPT = ("op", "schema_name", "table_name", "commit_lsn", "seq", "xid", "commit_ts", "before", "after")
@@ -80,9 +80,36 @@ def test_a_run_with_little_to_do_starts_no_spark(db: Any, tmp_path: Path) -> Non
 def test_the_driver_batch_threshold_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(DRIVER_BATCH_ENV, raising=False)
     assert driver_batch_wal() == DRIVER_BATCH_WAL
+    assert driver_batch_wal(local_master=True) == EVERY_BATCH  # local Spark: every batch in the driver
     monkeypatch.setenv(DRIVER_BATCH_ENV, "0")
-    assert driver_batch_wal() == 0
+    assert driver_batch_wal() == 0 and driver_batch_wal(local_master=True) == 0
     for bad in ("-1", "16MB"):
         monkeypatch.setenv(DRIVER_BATCH_ENV, bad)
         with pytest.raises(ConfigError, match=DRIVER_BATCH_ENV):
             driver_batch_wal()
+
+
+def test_a_batch_in_the_driver_stops_at_a_stop_request(db: Any) -> None:
+    """SIGINT/SIGTERM during a batch in the driver: the task ends at its next fetch, unfinished, with nothing written."""
+    from pgpoll.ingest.task import BatchOutcome, BatchSpec, iter_batch
+    from pgpoll.source.slots import peek_options
+
+    db.require_plugin("test_decoding")
+    db.execute("CREATE TABLE items (id int PRIMARY KEY)")
+    slot = db.slot_name()
+    db.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, 'test_decoding')", (slot,))
+    db.execute("INSERT INTO items SELECT generate_series(1, 20000)")
+    spec = BatchSpec(dsn=db.dsn, slot=slot, plugin="test_decoding", options=tuple(peek_options("test_decoding")),
+                     upto_nchanges=None, high_water_mark=None, fetch="psycopg2")
+    asked: list[int] = []
+
+    def stopped() -> bool:
+        asked.append(1)
+        return len(asked) > 1  # the signal arrives while the first fetch is decoded
+
+    outcome = BatchOutcome()
+    rows = sum(batch.num_rows for batch in iter_batch(spec, outcome, stopped=stopped))
+    assert rows == 0 and outcome.error is not None and "interrupted" in str(outcome.error)
+    assert 0 < outcome.peeked_rows < 20002 and outcome.advance_to is None
+    full = BatchOutcome()
+    assert sum(batch.num_rows for batch in iter_batch(spec, full)) == 20000 and full.error is None

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,3 +108,23 @@ def test_a_real_start_prints_no_spark_noise() -> None:
              # the JVM itself prints this before any logging exists; nothing can hide it from Python
              if line.strip() and "Using incubator modules" not in line]
     assert noise == []
+
+
+def test_local_master_expected(monkeypatch: Any, tmp_path: Any) -> None:
+    """Spark's master as far as it is known before Spark starts: local unless spark-submit or a config says otherwise."""
+    from pgpoll.spark.session import local_master_expected
+
+    for name in ("SPARK_ENV_LOADED", "PYSPARK_SUBMIT_ARGS", "SPARK_CONF_DIR", "SPARK_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    assert local_master_expected() is True
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    (tmp_path / "spark-defaults.conf").write_text("spark.master   local[4]\n")
+    assert local_master_expected() is True
+    (tmp_path / "spark-defaults.conf").write_text("# cluster\nspark.master   spark://head:7077\n")
+    assert local_master_expected() is False
+    monkeypatch.delenv("SPARK_CONF_DIR")
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--master yarn pyspark-shell")
+    assert local_master_expected() is False
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS")
+    monkeypatch.setenv("SPARK_ENV_LOADED", "1")  # under spark-submit: the master is not known here
+    assert local_master_expected() is False
