@@ -41,7 +41,15 @@ from pgpoll.ingest import faults
 from pgpoll.ingest.batch_assembler import BatchAssembler
 from pgpoll.ingest.progress_channel import ChannelAddress, ProgressReporter
 from pgpoll.lsn import Lsn
-from pgpoll.sink.parquet_writer import PYARROW, SPARK, PartFiles, StagingTarget, WriterThread, clear_directory
+from pgpoll.sink.parquet_writer import (
+    ENVELOPE_DICTIONARY,
+    PYARROW,
+    SPARK,
+    PartFiles,
+    StagingTarget,
+    WriterThread,
+    clear_directory,
+)
 from pgpoll.source.arrow_peek import PSYCOPG2
 from pgpoll.table_patterns import TablePatterns
 
@@ -331,7 +339,7 @@ def write_batch(spec: BatchSpec, outcome: BatchOutcome, stopped: Callable[[], bo
     clear_directory(target.envelope)  # an earlier attempt of this task (the driver clears before each batch)
     if typed_dir is not None:
         clear_directory(typed_dir)
-    envelope = PartFiles(target.envelope)
+    envelope = PartFiles(target.envelope, dictionary=ENVELOPE_DICTIONARY)
     writes = WriterThread()
     typed_writes = WriterThread() if typed_dir is not None else None  # its own thread: both overlap decoding
 

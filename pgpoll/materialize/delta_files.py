@@ -184,11 +184,12 @@ def laid_out(frame: Any, key: Sequence[str], rows_estimate: int | None) -> Any:
     """``frame`` range-partitioned on ``key`` and sorted within partitions (write it with :func:`write_options`).
 
     ``rows_estimate`` (None: unknown) sets the number of partitions, one per
-    :data:`TARGET_ROWS`, rounded (a single partition needs no sampling job;
-    ``maxRecordsPerFile`` splits a larger partition's sorted output into
-    contiguous files, the last one small until a later run touches it);
-    unknown, Spark's adaptive execution merges neighbouring ranges. The file
-    bound holds either way.
+    :data:`TARGET_ROWS`, rounded (a single partition is the frame coalesced
+    into one, sorted: no sampling job and no shuffle of its own, which is most
+    of a small table's write; ``maxRecordsPerFile`` splits a larger
+    partition's sorted output into contiguous files, the last one small until
+    a later run touches it); unknown, Spark's adaptive execution merges
+    neighbouring ranges. The file bound holds either way.
     """
     from pyspark.sql import functions as F
 
@@ -197,8 +198,10 @@ def laid_out(frame: Any, key: Sequence[str], rows_estimate: int | None) -> Any:
     cols = [F.col(quote(k)) for k in key]
     if rows_estimate is None:
         spread = frame.repartitionByRange(*cols)
+    elif (parts := max(1, round(rows_estimate / TARGET_ROWS))) == 1:
+        spread = frame.coalesce(1)  # one range is the whole frame: no sampling job, no shuffle of its own
     else:
-        spread = frame.repartitionByRange(max(1, round(rows_estimate / TARGET_ROWS)), *cols)  # 1: no sampling job
+        spread = frame.repartitionByRange(parts, *cols)
     return spread.sortWithinPartitions(*cols)
 
 

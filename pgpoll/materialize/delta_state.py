@@ -37,18 +37,11 @@ from typing import Any
 
 from pgpoll.errors import ConfigError, SinkError
 from pgpoll.lsn import Lsn
-from pgpoll.materialize.delta_files import PartialPlan, laid_out, refusal, scan_changes, schema_shape, write_options
+from pgpoll.materialize.change_summary import identity_segments, replay_key
+from pgpoll.materialize.delta_files import TARGET_ROWS, PartialPlan, laid_out, refusal, scan_changes, schema_shape, write_options
 from pgpoll.materialize.delta_names import delta_schema_names, encode_arrow_schema, logical_stats, physical_names
 from pgpoll.materialize.delta_table import DataFile, DeltaStateTable, PinnedVersion, app_id, delta_uri, footer_files
-from pgpoll.materialize.run import (
-    STATE_FILE,
-    MaterializeOptions,
-    Materializer,
-    TableState,
-    _align,
-    _identity_segments,
-    _replay_key,
-)
+from pgpoll.materialize.run import STATE_FILE, MaterializeOptions, Materializer, TableState, _align
 from pgpoll.materialize.state import StateColumn
 from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CommitRecord
@@ -168,7 +161,7 @@ class DeltaMaterializer(Materializer):
         if why is None:
             scan = scan_changes(self.spark, events, columns, key, pinned.stats)
             self._changes[name] = scan.changes
-            identity_changes = scan.shapes > 1 and len(_identity_segments(events, self.store)) > 1
+            identity_changes = scan.shapes > 1 and len(identity_segments(self.summaries[name], self.store)) > 1
             why = "a TRUNCATE" if scan.truncated else "the replica identity changed" if identity_changes else None
         if why is not None or scan is None:
             log.info("%s: rewriting every file (%s)", name, why)
@@ -190,7 +183,7 @@ class DeltaMaterializer(Materializer):
         if not key:
             return "the table has no key"
         schema_id = (pinned.meta or {}).get("schema_id")
-        previous_key = _replay_key(self.store.load(schema_id)) if isinstance(schema_id, str) else []
+        previous_key = replay_key(self.store.load(schema_id)) if isinstance(schema_id, str) else []
         same = schema_shape(whole.schema) == schema_shape(_align(whole, list(columns)).schema)
         return refusal(pinned.stats, key, previous_key, truncated=False, identity_changes=False,
                        same_schema=same and _stat_columns(whole.schema, list(key)) == list(key))
@@ -206,6 +199,9 @@ class DeltaMaterializer(Materializer):
         else:
             known = [f.records for f in pinned.stats]
             estimate = sum(known) if known and min(known) >= 0 else None
+            bound = self.row_bounds.get(name)  # a first build: one file's worth of changes is one partition
+            if not known and bound is not None and bound <= TARGET_ROWS:
+                estimate = bound
         run_dir = f"{RUN_DIR_PREFIX}{self.run_id}"
         where = self.dest.path(name, run_dir)
         physical = physical_names(frame.columns)  # names Delta forbids, stored as %XX (delta_names)

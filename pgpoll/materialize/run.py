@@ -24,10 +24,18 @@ of the latest one (:mod:`pgpoll.materialize.snapshot_merge`): the marker
 records the snapshot id; a newer snapshot rebuilds the table from it and the
 change log, otherwise new changes are applied incrementally, in both cases
 only those the snapshot does not hold.
+
+Small tables cost Spark jobs, not data: what a table's run asks of its new
+changes before computing the state (their column descriptions, the last
+TRUNCATE, the columns left as unchanged TOAST values) is one aggregation
+(:mod:`pgpoll.materialize.change_summary`), and a few tables run at once
+(:mod:`pgpoll.materialize.table_pool`), with the results and the error a
+one-by-one run gives.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import uuid
@@ -37,6 +45,9 @@ from typing import Any
 
 from pgpoll.errors import ConfigError, SinkError
 from pgpoll.lsn import Lsn
+from pgpoll.materialize.change_summary import ChangeSummary, identity_segments, latest_schema, summarize
+from pgpoll.materialize.change_summary import replay_key as _replay_key
+from pgpoll.materialize.delta_table import footer_files
 from pgpoll.materialize.dest_lease import DestLease
 from pgpoll.materialize.snapshot_input import SnapshotCatalog
 from pgpoll.materialize.snapshot_merge import (
@@ -52,16 +63,17 @@ from pgpoll.materialize.snapshot_merge import (
 from pgpoll.materialize.state import StateColumn, StateResult, materialize
 from pgpoll.materialize.state_log import SCRATCH, StateLog, StateRecord, scratch_name, stale_scratch
 from pgpoll.materialize.state_log import STATE_FILE as STATE_FILE  # (imported from here by delta_state)
+from pgpoll.materialize.table_pool import run_in_order
 from pgpoll.materialize.visibility import SnapshotFilter
 from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CommitLog, CommitRecord
-from pgpoll.sink.filesystem import OutputFilesystem
+from pgpoll.sink.filesystem import OutputFilesystem, local_path
 from pgpoll.sink.typed_tables import SchemaStore, load_ledger
 from pgpoll.stopping import StopRequest, StopRequestedError
 from pgpoll.table_patterns import TablePatterns
 from pgpoll.typed.mapping import spark_ddl
 from pgpoll.typed.rows import quote
-from pgpoll.typed.schemas import IDENTITY_FULL, TableSchema
+from pgpoll.typed.schemas import TableSchema
 
 log = logging.getLogger("pgpoll.materialize")
 # names the state and its computation use beside the table's own columns (internal ones start with __pgpoll_)
@@ -115,55 +127,6 @@ def _state_columns(described: TableSchema, ledger: Any) -> list[StateColumn]:
     return out
 
 
-def _latest_schema(events: Any, store: SchemaStore, fallback: str | None,
-                   floor: tuple[tuple[int, int], TableSchema] | None = None) -> TableSchema | None:
-    """The shape of the table's newest change (or ``floor``, a snapshot's shape at its position, when newer);
-    a partial one (a test_decoding DELETE's old key) only when neither a full shape among the changes nor
-    ``fallback`` (the previous state's) is known."""
-    from pyspark.sql import functions as F
-
-    rows = (
-        events.where(F.col("_schema_id").isNotNull())
-        .groupBy("_schema_id").agg(F.max(F.struct("_commit_lsn", "_seq")).alias("m"))
-        .collect()
-    ) if events is not None else []
-    shapes = [(tuple(r["m"]), store.load(r["_schema_id"])) for r in rows] + ([floor] if floor else [])
-    full = [s for s in shapes if not s[1].partial]
-    if full:
-        return max(full, key=lambda s: s[0])[1]
-    if fallback is not None:
-        return store.load(fallback)
-    return max(shapes, key=lambda s: s[0])[1] if shapes else None
-
-
-def _replay_key(shape: TableSchema) -> list[str]:
-    """The key changes of this shape are matched by; empty (a multiset) under REPLICA IDENTITY FULL or without a key."""
-    return [] if shape.identity == IDENTITY_FULL or not shape.key else list(shape.key)
-
-
-def _identity_segments(events: Any, store: SchemaStore) -> list[tuple[tuple[int, int], TableSchema]]:
-    """Where in the changes the way rows are matched (key or multiset) changes: ``[(first position, shape)]``.
-
-    pgoutput's Relation carries the identity a change was written under;
-    test_decoding's shapes carry what the catalog said when the batch was
-    ingested.
-    """
-    from pyspark.sql import functions as F
-
-    rows = (
-        events.where(F.col("_schema_id").isNotNull())
-        .groupBy("_schema_id").agg(F.min(F.struct("_commit_lsn", "_seq")).alias("lo"))
-        .collect()
-    )
-    out: list[tuple[tuple[int, int], TableSchema]] = []
-    for lo, shape in sorted(((tuple(r["lo"]), store.load(r["_schema_id"])) for r in rows), key=lambda x: x[0]):
-        if shape.partial:
-            continue
-        if not out or (not _replay_key(out[-1][1])) != (not _replay_key(shape)):
-            out.append((lo, shape))
-    return out
-
-
 def _from_condition(start: tuple[int, int]) -> Any:
     from pyspark.sql import functions as F
 
@@ -202,6 +165,8 @@ class Materializer:
         self.high_water: Lsn | None = None
         self.rebuilt: set[str] = set()  # tables rebuilt on a newer snapshot (a state at the same position is replaced)
         self.pins: dict[str, int] = {}  # the state record each table's run builds on (pgpoll.materialize.state_log)
+        self.summaries: dict[str, ChangeSummary] = {}  # per table: what one pass over its new changes found
+        self.row_bounds: dict[str, int] = {}  # per table built without a previous state: at most this many rows
 
     def run(self) -> list[TableState]:
         """Materialize every selected table; returns what was done for each."""
@@ -223,21 +188,19 @@ class Materializer:
         for name, is_dir, _ in self.dest.list(self.dest.path("")):
             if is_dir and SCRATCH in name and stale_scratch(self.dest, name):
                 self.dest.delete(self.dest.path(name))
-        out: list[TableState] = []
+        selected = [(n, p) for n in names if (p := layout.parse_table_dir_name(n)) is not None and self.filter.accepts(*p)]
         # the state's columns are the table's own names: "A" and "a" are two columns in PostgreSQL
         saved = self.spark.conf.get(_CASE_SENSITIVE, "false")
         self.spark.conf.set(_CASE_SENSITIVE, "true")
-        try:
-            for name in names:
-                if self.stop is not None and self.stop.requested:
-                    raise StopRequestedError()  # between tables: every state written so far is whole
-                parsed = layout.parse_table_dir_name(name)
-                if parsed is None or not self.filter.accepts(*parsed):
-                    continue
-                out.append(self._table(name, parsed, [r for r in records if name in r.tables]))
+        try:  # a few tables at once, results and errors as one by one (pgpoll.materialize.table_pool)
+            return run_in_order([functools.partial(self._one_table, n, p, records) for n, p in selected])
         finally:
             self.spark.conf.set(_CASE_SENSITIVE, saved)
-        return out
+
+    def _one_table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
+        if self.stop is not None and self.stop.requested:
+            raise StopRequestedError()  # between tables: every state written so far is whole
+        return self._table(name, parsed, [r for r in records if name in r.tables])
 
     def _read_marker(self, name: str) -> dict[str, Any] | None:
         path = self.dest.path(name, STATE_FILE)
@@ -285,7 +248,8 @@ class Materializer:
             raise SinkError(f"{qualified}: the typed changes after snapshot {snap.snapshot_id} have no _xid column "  # type: ignore[union-attr]
                             "(written by an older pgpoll ingest)", RESNAPSHOT_FIX)
         floor = ((snap.plan_lsn, -1), shape) if snap is not None and shape is not None and marker is None else None
-        described = _latest_schema(events, self.store, marker["schema_id"] if marker else None, floor)
+        summary = self.summaries[name] = summarize(events) if events is not None else ChangeSummary()
+        described = latest_schema(summary, self.store, marker["schema_id"] if marker else None, floor)
         if described is None and marker is not None:
             described = self.store.load(marker["schema_id"])
         if described is None:
@@ -311,11 +275,13 @@ class Materializer:
                         else base_frame(self.spark, snap, described, columns))
         else:
             previous = _align(self._read_previous(name, events, key, columns), columns) if marker else None
-            if marker is None and key:
+            if marker is None and key and summary.touches:  # (only UPDATEs and DELETEs can touch such rows)
                 found = predates_warning(events, {c.name: c.physical[0] for c in columns if c.name in key and c.physical},
                                          qualified)
                 warnings += [found] if found else []
-        segments = _identity_segments(events, self.store) if events is not None else []
+        if previous is None:
+            self.row_bounds[name] = summary.row_changes  # the state holds no more rows than these (laid out by it)
+        segments = identity_segments(summary, self.store) if events is not None else []
         if events is not None and len(segments) > 1:
             # the table's replica identity changed: replay each stretch the way it was written
             unresolved = 0
@@ -327,7 +293,7 @@ class Materializer:
                 previous, unresolved = part.frame.localCheckpoint(), unresolved + part.unresolved_toast
             result = StateResult(previous, unresolved)
         else:
-            result = materialize(events, previous, columns, key, rule)
+            result = materialize(events, previous, columns, key, rule, summary)
         if result.unresolved_toast:
             warnings.append(
                 f"{qualified}: {result.unresolved_toast} row(s) keep an unchanged TOAST value that predates the captured "
@@ -363,7 +329,9 @@ class Materializer:
         scratch = self.dest.path(scratch_dir)
         try:
             frame.write.parquet(scratch)
-            rows: int = self.spark.read.parquet(scratch).count()
+            local = local_path(scratch)  # a local state counts its rows from the footers, not with a Spark job
+            rows: int = (sum(f.records for f in footer_files(local, "", ())) if local is not None
+                         else self.spark.read.parquet(scratch).count())
         except Exception:
             self.dest.delete(scratch)
             states.check_pin(seq - 1)  # another run's swap removed what this one read: report that

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pgpoll.errors import SinkError
+from pgpoll.materialize.change_summary import ChangeSummary
 from pgpoll.materialize.visibility import Position, SnapshotFilter, position_struct
 from pgpoll.typed.mapping import PgType, spark_ddl
 from pgpoll.typed.rows import quote
@@ -88,7 +89,7 @@ def _frame_columns(frame: Any) -> set[str]:
 
 def materialize(
     events: Any | None, previous: Any | None, columns: Sequence[StateColumn], key: Sequence[str],
-    snapshot: SnapshotFilter | None = None,
+    snapshot: SnapshotFilter | None = None, summary: ChangeSummary | None = None,
 ) -> StateResult:
     """The new state from ``previous`` (a state frame, or None) and ``events`` (typed changes, or None).
 
@@ -96,16 +97,23 @@ def materialize(
     no key) means the table is treated as a multiset. With ``snapshot``,
     ``events`` carry ``_xid`` and only changes invisible to the snapshot
     (of their key's chunk) are applied (see the module docstring).
+    ``summary`` (:func:`pgpoll.materialize.change_summary.summarize` of
+    ``events``, without a snapshot) answers the last TRUNCATE and the
+    unchanged-TOAST columns without a Spark job of their own.
     """
     from pyspark.sql import functions as F
 
     multiset = not key
     placed: tuple[SnapshotFilter, list[Position | None]] | None = None
+    known = summary if snapshot is None else None  # a snapshot filters the changes first: ask them again
+    toasted: set[str] | None = None
     if events is not None:
         if snapshot is not None and snapshot.shared:
             events = events.where(~F.coalesce(snapshot.visible(F.lit(0), F.col("_xid")), F.lit(False)))
         if snapshot is None or snapshot.shared:
-            last_truncate = events.where(F.col("_op") == "T").agg(F.max(F.struct("_commit_lsn", "_seq"))).first()[0]
+            last_truncate = (known.last_truncate if known is not None else
+                             events.where(F.col("_op") == "T").agg(F.max(F.struct("_commit_lsn", "_seq"))).first()[0])
+            toasted = known.toasted_after(last_truncate) if known is not None else None
             if last_truncate is not None:
                 previous = None
                 lsn, seq = last_truncate
@@ -132,7 +140,7 @@ def materialize(
     )
     if multiset:
         return StateResult(_multiset(events, previous, columns, row, old, untyped_main, old_untyped, placed))
-    return _keyed(events, previous, columns, list(key), row, old, untyped_main, have, placed)
+    return _keyed(events, previous, columns, list(key), row, old, untyped_main, have, placed, toasted)
 
 
 def _xid(events: Any) -> Any:
@@ -196,7 +204,7 @@ def _multiset(events: Any, previous: Any | None, columns: Sequence[StateColumn],
 
 def _keyed(events: Any, previous: Any | None, columns: Sequence[StateColumn], key: list[str], row: list[Any],
            old: list[Any], untyped_main: Any, have: set[str],
-           placed: tuple[SnapshotFilter, list[Position | None]] | None) -> StateResult:
+           placed: tuple[SnapshotFilter, list[Position | None]] | None, toasted: set[str] | None = None) -> StateResult:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -251,11 +259,12 @@ def _keyed(events: Any, previous: Any | None, columns: Sequence[StateColumn], ke
             F.lit(None).cast(ev.schema["__pgpoll_nk"].dataType).alias("__pgpoll_src"),
         ))
     facts = _place(facts, placed, lambda k: F.col("__pgpoll_k." + quote(k)))
-    toasted = [r[0] for r in events.select(F.explode("_unchanged_toast")).distinct().collect()]
-    toasted = [n for n in names if n in toasted]
+    if toasted is None:
+        toasted = {r[0] for r in events.select(F.explode("_unchanged_toast")).distinct().collect()}
+    resolved = [n for n in names if n in toasted]
     unresolved = 0
-    if toasted:
-        facts, unresolved = _resolve_toast(facts, toasted)
+    if resolved:
+        facts, unresolved = _resolve_toast(facts, resolved)
     order = Window.partitionBy("__pgpoll_k").orderBy(F.desc("_commit_lsn"), F.desc("_seq"), F.desc("__pgpoll_sub"))
     latest = facts.withColumn("__pgpoll_rank", F.row_number().over(order)).where(
         (F.col("__pgpoll_rank") == 1) & F.col("__pgpoll_alive"))

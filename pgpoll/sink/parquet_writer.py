@@ -61,6 +61,15 @@ WRITE_OPTIONS: dict[str, Any] = {
 }
 
 
+#: The envelope's columns worth a dictionary (few distinct values). Its values and LSNs are nearly all
+#: distinct: a dictionary there is built, outgrows its page and is thrown away (1M changes: 1.15 s and
+#: 39 MB with every column tried, 0.72 s and 28 MB with these only).
+ENVELOPE_DICTIONARY = [
+    "op", "schema_name", "table_name", "before.key_value.key", "after.key_value.key",
+    "unchanged_toast.list.element", "message_prefix", "transactional", "schema_id",
+]
+
+
 def choose_writer(staging: str, requested: str | None = None) -> str:
     """``"pyarrow"`` when the task can write ``staging`` itself (local path, ``file:`` URI), else ``"spark"``.
 
@@ -113,11 +122,13 @@ class PartFiles:
     :meth:`open` starts a new file with a schema (a second call with another
     schema closes the current file first); :meth:`write` appends one record
     batch as a row group. :meth:`close` returns ``{file name: size}``.
+    ``dictionary`` names the only columns to dictionary-encode (default: all).
     """
 
-    def __init__(self, directory: str, fs: pafs.FileSystem | None = None) -> None:
+    def __init__(self, directory: str, fs: pafs.FileSystem | None = None, dictionary: list[str] | None = None) -> None:
         self.directory = directory
         self.fs = fs if fs is not None else pafs.LocalFileSystem()
+        self._options = dict(WRITE_OPTIONS, use_dictionary=dictionary) if dictionary is not None else WRITE_OPTIONS
         self._writer: pq.ParquetWriter | None = None
         self._schema: pa.Schema | None = None
         self._names: list[str] = []
@@ -136,7 +147,7 @@ class PartFiles:
         if not self._names:
             self.fs.create_dir(self.directory, recursive=True)
         name = part_name(len(self._names))
-        self._writer = pq.ParquetWriter(f"{self.directory}/{name}", schema, filesystem=self.fs, **WRITE_OPTIONS)
+        self._writer = pq.ParquetWriter(f"{self.directory}/{name}", schema, filesystem=self.fs, **self._options)
         self._schema = schema
         self._names.append(name)
 
