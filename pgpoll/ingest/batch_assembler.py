@@ -203,13 +203,18 @@ class BatchAssembler:
 
     # ---- changes ----------------------------------------------------------------------
 
+    def _relation_schema_id(self, rel: RelationInfo) -> str | None:
+        """The schema id of a fast-path relation (cached by the relation object), ``None`` when filtered out."""
+        try:
+            return self._relation_schema[rel]
+        except KeyError:
+            sid = self._relation_schema[rel] = self._schema_of_relation(rel)
+            return sid
+
     def row_fields(self, row: RowFields, lsn: int) -> Iterator[pa.RecordBatch]:
         """An INSERT/UPDATE/DELETE from a decoder's fast path."""
         rel = row[1]
-        try:
-            sid = self._relation_schema[rel]
-        except KeyError:
-            sid = self._relation_schema[rel] = self._schema_of_relation(rel)
+        sid = self._relation_schema_id(rel)
         if sid is None:
             return
         before_names, before_values, after_names, after_values, toast = split_row(row)
@@ -227,15 +232,15 @@ class BatchAssembler:
         open transaction after its rows so far (which are set apart first, so
         the order within the transaction, hence ``seq``, is the peek's).
         """
-        try:
-            sid = self._relation_schema[rel]
-        except KeyError:
-            sid = self._relation_schema[rel] = self._schema_of_relation(rel)
-        if sid is None:
-            return
+        sid = self._relation_schema_id(rel)
+        if sid is not None:
+            yield from self._add_open_block(insert_rows_batch(lsns, rel.schema, rel.table, after, sid))
+
+    def _add_open_block(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        """Rows of the open transaction built as a whole batch: after its rows so far, in order."""
         yield from self._flush_committed()
         self._spill_open_rows()
-        self._write_spill(insert_rows_batch(lsns, rel.schema, rel.table, after, sid))
+        self._write_spill(batch)
 
     def takes_rows_like(self, event: RowChange) -> bool:
         """True when INSERTs shaped like ``event`` may come column-wise (:meth:`insert_rows_like`).
@@ -252,10 +257,7 @@ class BatchAssembler:
         """
         if not self.accepts(event.schema, event.table):
             return
-        sid = self._schema_of(event)
-        yield from self._flush_committed()
-        self._spill_open_rows()
-        self._write_spill(insert_rows_batch(lsns, event.schema, event.table, after, sid))
+        yield from self._add_open_block(insert_rows_batch(lsns, event.schema, event.table, after, self._schema_of(event)))
 
     def _schema_of_relation(self, rel: RelationInfo) -> str | None:
         """The schema id of a fast-path relation, or ``None`` when the table filter leaves it out."""
