@@ -83,6 +83,14 @@ class PeekChunk:
         buf = np.frombuffer(memoryview(values_buffer), np.uint8) if values_buffer is not None else np.zeros(0, np.uint8)
         return cls(buf, offsets[:-1], offsets[1:])
 
+    def as_binary(self, lo: int, hi: int) -> pa.Array[Any]:
+        """Rows ``lo..hi`` as an Arrow ``binary`` array over this buffer (no copy)."""
+        base = int(self.starts[lo])
+        offsets = np.append(self.starts[lo:hi], self.ends[hi - 1]) - base
+        data: Any = self.buf[base : int(self.ends[hi - 1])]  # numpy arrays export the buffer protocol
+        small: Any = offsets.astype(np.int32)
+        return pa.Array.from_buffers(pa.binary(), hi - lo, [None, pa.py_buffer(small), pa.py_buffer(data)])
+
     def value(self, row: int) -> bytes:
         """Row ``row``'s data as ``bytes``."""
         return self.buf[self.starts[row] : self.ends[row]].tobytes()

@@ -5,10 +5,12 @@ match, then a dict per row); a backlog of bulk inserts is mostly runs of
 lines that start alike, ``table public.t: INSERT:``, followed by the same
 `` name[type]:`` separators. Once the first line of a run is decoded the row
 way (which checks it and caches its column layout), the rest of the run is
-cut at those separators with NumPy (no Python per row), each piece is checked against the value grammar
-test_decoding prints (``print_literal``, as :mod:`pgpoll.decode.text_values`
-reads it) with one anchored RE2 match, and the values are unquoted with
-Arrow compute.
+cut at those separators with NumPy (no Python per row): every byte is told
+prefix, separator or value, the separators' bytes must be exactly the
+layout's and the values' bytes become one Arrow string array in the map's
+order. Each value is checked against the grammar test_decoding prints
+(``print_literal``, as :mod:`pgpoll.decode.text_values` reads it) with an
+anchored RE2 match, and unquoted with Arrow compute.
 
 Exact, not approximate: every separator ends in ``]:``, so one pass over
 the bytes finds them all; a line where that pair turns up more or less often
@@ -29,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pgpoll.decode.pgoutput_columns import Ints, PeekChunk
+from pgpoll.decode.pgoutput_columns import PeekChunk
 
 __all__ = ["insert_run_after", "same_prefix_run"]
 
@@ -45,31 +47,12 @@ def same_prefix_run(chunk: PeekChunk, lo: int, hi: int, prefix: bytes) -> int:
     """The first row in ``lo..hi`` (or ``hi``) whose data does not start with ``prefix``."""
     if lo >= hi:
         return lo
-    starts = chunk.starts[lo:hi]
-    width = len(prefix)
-    long_enough = (chunk.ends[lo:hi] - starts) >= width
-    at = np.where(long_enough, starts, 0)[:, None] + np.arange(width, dtype=np.int64)
-    if len(chunk.buf) < width:
-        return lo
-    at = np.minimum(at, len(chunk.buf) - 1)
-    same = long_enough & (chunk.buf[at] == np.frombuffer(prefix, np.uint8)).all(axis=1)
-    return lo + (int(np.argmin(same)) if not same.all() else hi - lo)
-
-
-def _gather(buf: Any, starts: Ints, lengths: Ints) -> pa.Array[Any] | None:
-    """The byte ranges as one UTF-8 string array, or ``None`` when they are not UTF-8."""
-    offsets = np.zeros(len(starts) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    if total >= 2**31:
-        return None
-    data = buf[np.repeat(starts - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)]
-    values = pa.StringArray.from_buffers(len(starts), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data))  # type: ignore[arg-type]
     try:
-        values.validate(full=True)
-    except pa.ArrowInvalid:
-        return None
-    return values
+        pattern = prefix.decode()
+    except UnicodeDecodeError:
+        return lo  # not UTF-8: the row path reports it
+    same = np.asarray(pc.starts_with(chunk.as_binary(lo, hi), pattern=pattern))
+    return lo + (int(np.argmin(same)) if not same.all() else hi - lo)
 
 
 def _value(tokens: Any) -> pa.Array[Any] | None:
@@ -129,28 +112,43 @@ def insert_run_after(
     if len(colon) != n * width or (np.bincount(line, minlength=n) != width).any():
         return None  # a value holds "]:", or the line has another column count: row by row
     found = colon.reshape(n, width)  # positions ascend, lines are in order: row i's are row i of this
-    begins = []
-    for k, sep in enumerate(separators):
-        begin = found[:, k] - len(sep) + 1
-        at = begin[:, None] + np.arange(len(sep), dtype=np.int64)
-        if (begin < starts).any() or not (buf[at] == np.frombuffer(sep, np.uint8)).all():
-            return None  # another column name or type
-        begins.append(begin)
-    if (begins[0] != starts + prefix_length).any():
+    begins = found - np.array([len(sep) - 1 for sep in separators], np.int64)  # where each separator starts
+    if (begins[:, 0] != starts + prefix_length).any() or (begins[:, 1:] <= found[:, :-1] + 1).any():
         return None
-    columns = []
-    for k in range(width):
-        value_start = found[:, k] + 1
-        value_end = begins[k + 1] if k + 1 < width else ends
-        if (value_end <= value_start).any():
-            return None
-        tokens = _gather(buf, value_start, value_end - value_start)
-        values = _value(tokens) if tokens is not None else None
-        if values is None:
-            return None
-        columns.append(values)
-    order = (np.arange(width, dtype=np.int64)[None, :] * n + np.arange(n, dtype=np.int64)[:, None]).ravel()
-    items = pa.concat_arrays(columns).take(pa.array(order))
+    value_starts = found + 1  # (n, width)
+    value_ends = np.empty_like(found)
+    value_ends[:, :-1] = begins[:, 1:]
+    value_ends[:, -1] = ends
+    lengths = (value_ends - value_starts).ravel()  # row by row, column by column: the map's order
+    if (lengths <= 0).any():
+        return None
+    # Every byte's part: 0 a separator, 1 a value, 2 the prefix. Each part's bytes, taken
+    # out in the buffer's order, are then the separators (to compare with the layout's) and the values.
+    # each line: the prefix, then a separator and a value per column; their lengths, in the buffer's order
+    pieces = np.empty((n, 1 + 2 * width), np.int64)
+    pieces[:, 0] = prefix_length
+    pieces[:, 1::2] = value_starts - begins
+    pieces[:, 2::2] = value_ends - value_starts
+    kinds = np.tile(np.array([2, *([0, 1] * width)], np.int8), n)
+    part = np.repeat(kinds, pieces.ravel())
+    expected = np.frombuffer(b"".join(separators), np.uint8)
+    seen = buf[part == 0]
+    if len(seen) != n * len(expected) or not (seen.reshape(n, len(expected)) == expected).all():
+        return None  # another column name or type
+    offsets = np.zeros(n * width + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if int(offsets[-1]) >= 2**31:
+        return None
+    small: Any = offsets.astype(np.int32)  # numpy arrays export the buffer protocol
+    values: Any = buf[part == 1]
+    tokens: Any = pa.StringArray.from_buffers(n * width, pa.py_buffer(small), pa.py_buffer(values))
+    try:
+        tokens.validate(full=True)  # UTF-8
+    except pa.ArrowInvalid:
+        return None
+    items = _value(tokens)
+    if items is None:
+        return None
     keys = pa.array(list(names), pa.string()).take(np.tile(np.arange(width, dtype=np.int32), n))
     map_offsets: Any = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32), pa.int32())
     return pa.MapArray.from_arrays(map_offsets, keys, items)
