@@ -45,7 +45,6 @@ MAX_RUN_BYTES = 4 << 20
 
 _I, _N, _T, _NULL = 73, 78, 116, 110  # 'I', 'N', 't', 'n'
 _FOUR = np.arange(4, dtype=np.int64)
-_MAP = pa.map_(pa.string(), pa.string())
 
 Ints = npt.NDArray[np.int64]
 
