@@ -343,13 +343,25 @@ def write_batch(spec: BatchSpec, outcome: BatchOutcome, stopped: Callable[[], bo
     writes = WriterThread()
     typed_writes = WriterThread() if typed_dir is not None else None  # its own thread: both overlap decoding
 
+    pending: list[pa.RecordBatch] = []  # the typed conversion's fixed cost is per call: give it bigger batches
+
+    def typed(final: bool = False) -> None:
+        if typed_writes is None or not holder or not pending:
+            return
+        if final or sum(b.num_rows for b in pending) >= spec.rows_per_arrow_batch:
+            whole = pa.Table.from_batches(pending).combine_chunks().to_batches()
+            pending.clear()
+            for part in whole:
+                typed_writes.submit(lambda b=part: holder[0].write(b))  # type: ignore[misc]
+
     batches = iter_batch(spec, outcome, on_assembler=ready, stopped=stopped)
     try:
         for batch in batches:
             if batch.num_rows:
                 writes.submit(lambda b=batch: envelope.write(b))  # type: ignore[misc]
-                if typed_writes is not None and holder:
-                    typed_writes.submit(lambda b=batch: holder[0].write(b))  # type: ignore[misc]
+                pending.append(batch)
+                typed()
+        typed(final=True)
         writes.finish()
         if typed_writes is not None:
             typed_writes.finish()
