@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -71,11 +72,18 @@ def test_three_runs_started_together_one_consumes_two_exit_3(capture: Capture, s
     ]
     outputs = [p.communicate(timeout=300) for p in procs]
     codes = sorted(p.returncode for p in procs)
-    assert codes == [0, 3, 3], [o[1][-500:] for o in outputs]
-    for proc, (_out, err) in zip(procs, outputs, strict=True):
+    # A run whose batches run in the driver can be over in about a second: a run that starts after it
+    # finished takes the free lease and finds nothing new. Either way no change is written twice.
+    assert codes[0] == 0 and set(codes) <= {0, 3}, [o[1][-500:] for o in outputs]
+    written = []
+    for proc, (out, err) in zip(procs, outputs, strict=True):
         if proc.returncode == 3:
             assert "another ingest run" in err and "holds the output" in err
             assert "incubator modules" not in err  # a local output's lease is refused before Spark starts
+        else:
+            summary = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+            written.append(summary["changes"])
+    assert sorted(written)[-1] == 100 and sum(written) == 100  # one run consumed everything, any other nothing
     assert _ids(spark, capture) == list(range(1, 101))
 
 
