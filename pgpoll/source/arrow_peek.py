@@ -93,11 +93,10 @@ class FetchUnavailableError(Exception):
 class _ServerError(Exception):
     """An ADBC error as :func:`pgpoll.source.server_errors.translate` reads errors (``pgcode``, ``pgerror``)."""
 
-    def __init__(self, exc: BaseException) -> None:
-        text = str(exc)
+    def __init__(self, text: str) -> None:
         line = text.split("ERROR:", 1)[1].strip() if "ERROR:" in text else text
         super().__init__(line)
-        self.pgcode: str | None = getattr(exc, "sqlstate", None) or None
+        self.pgcode: str | None = None  # the stream's errors carry none
         self.pgerror = line.splitlines()[0].rstrip(". ") if line else text
 
 
@@ -153,7 +152,7 @@ def peek_arrow(
     except (adbc.Error, OSError, pa.ArrowException) as exc:  # the stream raises Arrow errors, with no SQLSTATE
         if first:
             raise FetchUnavailableError(redact(str(exc), password)) from None
-        raise translate(_ServerError(Exception(redact(str(exc), password))), slot=slot) from None
+        raise translate(_ServerError(redact(str(exc), password)), slot=slot) from None
     finally:
         with contextlib.suppress(Exception):
             conn.rollback()

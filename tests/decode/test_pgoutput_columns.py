@@ -99,6 +99,8 @@ def test_booleans_are_printed_as_bool_text() -> None:
 
 def _declines(messages: list[bytes], cols: list[tuple[str, int, int]] | None = None) -> None:
     _dec, rel = _decoder(cols or [("id", 23, 1), ("v", _TEXT, 0)])
+    for chunk in _chunks(messages[:1]):  # the good message alone is taken: the one after it is what declines
+        assert insert_run_after(chunk, 0, 1, rel) is not None
     for chunk in _chunks(messages):
         assert insert_run_after(chunk, 0, len(messages), rel) is None
 
