@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -52,6 +52,9 @@ from pgpoll.sink.parquet_writer import (
 )
 from pgpoll.source.arrow_peek import PSYCOPG2
 from pgpoll.table_patterns import TablePatterns
+
+if TYPE_CHECKING:
+    from pgpoll.sink.typed_tables import TypedTableWriters
 
 
 @dataclass(frozen=True)
@@ -315,6 +318,12 @@ def spark_task(spec: BatchSpec, accumulator: Any) -> Callable[[Iterator[pa.Recor
     return run
 
 
+def _write_typed(writers: TypedTableWriters, batches: list[pa.RecordBatch]) -> None:
+    """The typed rows of a few envelope record batches, combined first (on the typed thread: the copy is work)."""
+    for part in pa.Table.from_batches(batches).combine_chunks().to_batches():
+        writers.write(part)
+
+
 def write_batch(spec: BatchSpec, outcome: BatchOutcome, stopped: Callable[[], bool] | None = None) -> None:
     """Run :func:`iter_batch` and write its record batches to ``spec.target`` with pyarrow; fills ``outcome``.
 
@@ -349,10 +358,9 @@ def write_batch(spec: BatchSpec, outcome: BatchOutcome, stopped: Callable[[], bo
         if typed_writes is None or not holder or not pending:
             return
         if final or sum(b.num_rows for b in pending) >= spec.rows_per_arrow_batch:
-            whole = pa.Table.from_batches(pending).combine_chunks().to_batches()
+            taken = list(pending)
             pending.clear()
-            for part in whole:
-                typed_writes.submit(lambda b=part: holder[0].write(b))  # type: ignore[misc]
+            typed_writes.submit(lambda: _write_typed(holder[0], taken))
 
     batches = iter_batch(spec, outcome, on_assembler=ready, stopped=stopped)
     try:

@@ -139,15 +139,21 @@ class PartFiles:
         """The open file's schema (None before the first :meth:`open`)."""
         return self._schema
 
-    def open(self, schema: pa.Schema) -> None:
-        """Make sure a file with ``schema`` is open (a new file when the schema changed)."""
-        if self._writer is not None and self._schema is not None and self._schema.equals(schema):
+    def opens_new(self, schema: pa.Schema) -> bool:
+        """Whether :meth:`open` with ``schema`` starts a new file."""
+        return self._writer is None or self._schema is None or not self._schema.equals(schema)
+
+    def open(self, schema: pa.Schema, dictionary: list[str] | None = None) -> None:
+        """Make sure a file with ``schema`` is open (a new file when the schema changed; ``dictionary``: the
+        columns a new file dictionary-encodes, instead of the writer's own choice)."""
+        if not self.opens_new(schema):
             return
         self._close_writer()
         if not self._names:
             self.fs.create_dir(self.directory, recursive=True)
         name = part_name(len(self._names))
-        self._writer = pq.ParquetWriter(f"{self.directory}/{name}", schema, filesystem=self.fs, **self._options)
+        options = self._options if dictionary is None else dict(self._options, use_dictionary=dictionary)
+        self._writer = pq.ParquetWriter(f"{self.directory}/{name}", schema, filesystem=self.fs, **options)
         self._schema = schema
         self._names.append(name)
 

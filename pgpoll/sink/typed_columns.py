@@ -63,9 +63,35 @@ class _Images:
         self.values = flat.field("value")
         self.parents = pc.list_parent_indices(entries).to_numpy()
         self.rows = len(images)
+        self.regular = self._regular(entries)
+
+    def _regular(self, entries: Any) -> dict[str, int] | None:
+        """Key -> position when every row's map holds the same keys in the same order (a run of INSERTs: the
+        usual batch), so that a key's values are every k-th value; None otherwise."""
+        if not self.rows or entries.null_count:
+            return None
+        lengths = pc.list_value_length(entries).to_numpy(zero_copy_only=False)
+        k = int(lengths[0])
+        if k == 0 or bool((lengths != k).any()):
+            return None
+        first = self.keys.slice(0, k)
+        names = first.to_pylist()
+        if len(set(names)) != k:
+            return None
+        tiled = first.take(pa.array(np.tile(np.arange(k, dtype=np.int64), self.rows)))
+        if pc.all(pc.equal(self.keys, tiled)).as_py() is not True:
+            return None
+        return {str(name): i for i, name in enumerate(names)}
 
     def lookup(self, name: str) -> pa.Array[Any]:
         """Each row's value of key ``name`` (null where the map is null or lacks the key)."""
+        if self.regular is not None:
+            at = self.regular.get(name)
+            if at is None:
+                return pa.nulls(self.rows, pa.string())
+            step = len(self.regular)
+            taken: pa.Array[Any] = self.values.take(pa.array(np.arange(at, self.rows * step, step, dtype=np.int64)))
+            return taken
         found = pc.equal(self.keys, pa.scalar(name))
         where = np.flatnonzero(found.to_numpy(zero_copy_only=False))
         index = np.full(self.rows, -1, dtype=np.int64)
@@ -73,8 +99,8 @@ class _Images:
         missing = index < 0
         if missing.all():
             return pa.nulls(self.rows, pa.string())
-        taken: pa.Array[Any] = self.values.take(pa.array(index, pa.int64(), mask=missing))
-        return taken
+        found_values: pa.Array[Any] = self.values.take(pa.array(index, pa.int64(), mask=missing))
+        return found_values
 
 
 def typed_columns_batch(batch: pa.RecordBatch, layout: TypedLayout) -> pa.RecordBatch:
@@ -89,13 +115,21 @@ def typed_columns_batch(batch: pa.RecordBatch, layout: TypedLayout) -> pa.Record
     own_main: list[pa.Array[Any]] = []
     own_old: list[pa.Array[Any]] = []
     old_images, new_images = _Images(before), _Images(after)
+    # the usual batch is all INSERTs and UPDATEs without old rows: then no row's text needs choosing
+    only_new = pc.all(is_iu).as_py() is True
+    any_old = pc.any(has_old).as_py() is True
+    no_text = pa.scalar(None, pa.string())
     for phys, name, t in layout.columns:
         holders = [sid for sid, names in layout.physical.items() if names.get(name) == phys]
         holds: Any = pc.fill_null(pc.is_in(sids, pa.array(holders, pa.string())), pa.scalar(False))
         all_hold = pc.all(holds).as_py() is True
-        old_text = old_images.lookup(name)
-        main_text = pc.if_else(is_d, old_text, pc.if_else(is_iu, new_images.lookup(name), pa.scalar(None, pa.string())))
-        old_text = pc.if_else(has_old, old_text, pa.scalar(None, pa.string()))
+        if only_new:
+            main_text = new_images.lookup(name)
+            old_text = pc.if_else(has_old, old_images.lookup(name), no_text) if any_old else pa.nulls(n, pa.string())
+        else:
+            old_text = old_images.lookup(name)
+            main_text = pc.if_else(is_d, old_text, pc.if_else(is_iu, new_images.lookup(name), no_text))
+            old_text = pc.if_else(has_old, old_text, no_text)
         for texts, arrays, prefix in ((main_text, own_main, ""), (old_text, own_old, "_before.")):
             if not all_hold:
                 texts = pc.if_else(holds, texts, pa.scalar(None, pa.string()))

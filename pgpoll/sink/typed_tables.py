@@ -122,6 +122,34 @@ def stage_typed_tables(
     return written
 
 
+#: Typed-row columns with few distinct values in any batch (a batch's changes share few transactions).
+TYPED_DICTIONARY = ["_op", "_commit_lsn", "_commit_ts", "_xid", "_schema_id", "_unchanged_toast.list.element",
+                    "_untyped.key_value.key"]
+
+
+def typed_dictionary(batch: pa.RecordBatch, typed: TypedLayout) -> list[str]:
+    """The columns of a new typed file worth a dictionary: the meta columns above, and the table's columns
+    with at most one distinct value in two rows of ``batch`` (its first rows). A dictionary for nearly
+    distinct values (keys, names, amounts) is built, outgrows its page and is thrown away: time for nothing."""
+    out = list(TYPED_DICTIONARY)
+    for physical, _name, _type in typed.columns:
+        column = batch.column(physical)
+        if pa.types.is_nested(column.type):  # (lists, intervals: left plain)
+            continue
+        if 2 * pc.count_distinct(column, mode="all").as_py() <= batch.num_rows:
+            out += [physical, f"_before.{physical}"]
+    return out
+
+
+def _one_table(names: pa.Array[Any], tables: pa.Array[Any]) -> list[tuple[str, str]] | None:
+    """``[(schema, table)]`` when every row is of the first row's table (the usual batch), else None."""
+    first = (names[0].as_py(), tables[0].as_py())
+    if first[0] is None or first[1] is None:
+        return None
+    same = pc.and_(pc.equal(names, pa.scalar(first[0])), pc.equal(tables, pa.scalar(first[1])))
+    return [(str(first[0]), str(first[1]))] if pc.all(same).as_py() is True else None
+
+
 class _TableWriter:
     """One table's typed rows in the batch being written: its ledger, layout and open file."""
 
@@ -164,12 +192,15 @@ class TypedTableWriters:
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Write the typed rows of every table in one envelope record batch (messages have none)."""
-        rows = batch.filter(pc.not_equal(batch.column("op"), pa.scalar("M")))
+        messages = pc.equal(batch.column("op"), pa.scalar("M"))
+        rows = batch.filter(pc.invert(messages)) if pc.any(messages).as_py() else batch  # (a filter copies the maps)
         if not rows.num_rows:
             return
         names, tables = rows.column("schema_name"), rows.column("table_name")
-        pairs = pa.Table.from_arrays([names, tables], ["s", "t"]).group_by(["s", "t"]).aggregate([])
-        keys = [(str(s), str(t)) for s, t in zip(pairs.column("s").to_pylist(), pairs.column("t").to_pylist(), strict=True)]
+        keys = _one_table(names, tables)
+        if keys is None:
+            pairs = pa.Table.from_arrays([names, tables], ["s", "t"]).group_by(["s", "t"]).aggregate([])
+            keys = [(str(s), str(t)) for s, t in zip(pairs.column("s").to_pylist(), pairs.column("t").to_pylist(), strict=True)]
         for schema, table in keys:
             part = rows if len(keys) == 1 else rows.filter(
                 pc.and_(pc.equal(names, pa.scalar(schema)), pc.equal(tables, pa.scalar(table)))
@@ -185,11 +216,13 @@ class TypedTableWriters:
         if not out.layout.columns:
             out.pending.append(rows)  # a TRUNCATE of a table not seen with columns yet
             return
-        out.files.open(out.layout.arrow_schema())
-        for earlier in out.pending:
-            out.files.write(typed_columns_batch(earlier, out.layout))
+        typed = [typed_columns_batch(b, out.layout) for b in [*out.pending, rows]]
         out.pending.clear()
-        out.files.write(typed_columns_batch(rows, out.layout))
+        schema = out.layout.arrow_schema()
+        if out.files.opens_new(schema):
+            out.files.open(schema, dictionary=typed_dictionary(typed[-1], out.layout))
+        for batch in typed:
+            out.files.write(batch)
 
     def close(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, Any]]]:
         """Finish every file: ``({table dir: {file: size}}, {table dir: changed ledger JSON})``."""

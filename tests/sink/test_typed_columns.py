@@ -77,3 +77,40 @@ def test_a_batch_without_fallbacks_has_no_untyped_values() -> None:
     got = typed_columns_batch(batch, layout)
     assert got.equals(typed_batch(batch, layout))
     assert got.column("_untyped").null_count == 50 and got.column("id").to_pylist() == list(range(50))
+
+
+def _rows(n: int, shape: TableSchema, **changes: dict[str, str | None]) -> list[tuple[str, None, dict[str, str | None], str]]:
+    out = [("I", None, dict(_NORMAL, id=str(i)), shape.schema_id) for i in range(n)]
+    for i, after in changes.items():
+        out[int(i[1:])] = ("I", None, after, shape.schema_id)
+    return out
+
+
+def _regular(batch: pa.RecordBatch) -> dict[str, int] | None:
+    from pgpoll.sink.typed_columns import _Images
+
+    return _Images(batch.column("after")).regular
+
+
+@pytest.mark.parametrize("case", ["same keys", "sliced", "one row reordered", "one row shorter", "one row renamed",
+                                  "updates with old rows"])
+def test_rows_with_the_same_keys_in_the_same_order_take_every_kth_value_and_others_do_not(case: str) -> None:
+    shape = _shape(_COLUMNS)
+    layout = TypedLayout.build([shape], ColumnLedger())
+    reordered = dict(reversed(list(_NORMAL.items())))
+    shorter = {k: v for k, v in _NORMAL.items() if k != "tx"}
+    renamed = {("zz" if k == "tx" else k): v for k, v in _NORMAL.items()}
+    rows: list[tuple[str, dict[str, str | None] | None, dict[str, str | None] | None, str | None]] = list(
+        _rows(40, shape, **({"r7": reordered} if case == "one row reordered" else {"r7": shorter} if case == "one row shorter"
+                            else {"r7": renamed} if case == "one row renamed" else {})))
+    if case == "updates with old rows":
+        rows += [("U", dict(_ODD, id="3"), dict(_NORMAL, id="4", n="1.25"), shape.schema_id)]
+    batch = _batch(rows)
+    if case == "sliced":
+        batch = batch.slice(3, 30)
+    assert (_regular(batch) is not None) == (case in ("same keys", "sliced", "updates with old rows"))
+    expected = typed_batch(batch, layout)
+    got = typed_columns_batch(batch, layout)
+    assert got.schema.equals(expected.schema)
+    for name in expected.schema.names:
+        assert repr(got.column(name).to_pylist()) == repr(expected.column(name).to_pylist()), name
