@@ -13,6 +13,7 @@ from pgpoll.cli import exitcodes
 from pgpoll.cli.boundary import report_error
 from pgpoll.cli.options import csv_values
 from pgpoll.materialize.delta_state import DeltaMaterializer
+from pgpoll.materialize.driver_run import requested_engine
 from pgpoll.materialize.run import MaterializeOptions, Materializer, TableState, run_materialize
 from pgpoll.spark.session import debug_requested, spark_session
 from pgpoll.stopping import StopRequest
@@ -60,6 +61,7 @@ def command(output: str, tables: tuple[str, ...], exclude_tables: tuple[str, ...
     restore = stopping.install(stop)
     stop.on_request(_cancel_spark_jobs)
     try:
+        requested_engine()  # a bad PGPOLL_MATERIALIZE_ENGINE: exit 2 before Spark starts
         spark = spark_session("pgpoll-materialize")
         stopping.reclaim(stop)  # SparkContext replaced the SIGINT handler with its own
         states = run_materialize(opts, spark, materializer=FORMATS[fmt], stop=stop)

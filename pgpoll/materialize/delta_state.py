@@ -41,6 +41,7 @@ from pgpoll.materialize.change_summary import identity_segments, replay_key
 from pgpoll.materialize.delta_files import TARGET_ROWS, PartialPlan, laid_out, refusal, scan_changes, schema_shape, write_options
 from pgpoll.materialize.delta_names import delta_schema_names, encode_arrow_schema, logical_stats, physical_names
 from pgpoll.materialize.delta_table import DataFile, DeltaStateTable, PinnedVersion, app_id, delta_uri, footer_files
+from pgpoll.materialize.driver_run import arrow_stat_columns, read_parquet_files, sorted_on, write_state_file
 from pgpoll.materialize.run import STATE_FILE, MaterializeOptions, Materializer, TableState, _align
 from pgpoll.materialize.state import StateColumn
 from pgpoll.sink import layout
@@ -207,11 +208,30 @@ class DeltaMaterializer(Materializer):
         physical = physical_names(frame.columns)  # names Delta forbids, stored as %XX (delta_names)
         laid = laid_out(frame, key, estimate)
         laid.toDF(*[physical[c] for c in laid.columns]).write.options(**write_options()).parquet(where)
+        return self._commit_written(name, run_dir, marker, arrow_schema(frame.schema),
+                                    [physical[c] for c in _stat_columns(frame.schema, key)], plan)
+
+    def _write_arrow(self, name: str, table: Any, marker: dict[str, Any], key: list[str]) -> int:
+        """:meth:`_write` for a state computed in the driver: one file, sorted on the key, written by pyarrow,
+        replacing every file of the pinned version."""
+        run_dir = f"{RUN_DIR_PREFIX}{self.run_id}"
+        physical = physical_names(table.column_names)
+        write_state_file(sorted_on(table, key).rename_columns([physical[c] for c in table.column_names]),
+                         self.dest.path(name, run_dir))
+        stats = [physical[c] for c in key if c in arrow_stat_columns(table.schema)]
+        return self._commit_written(name, run_dir, marker, table.schema, stats, None)
+
+    def _commit_written(self, name: str, run_dir: str, marker: dict[str, Any], schema: Any, stat_columns: list[str],
+                        plan: PartialPlan | None) -> int:
+        """Commit the files written under ``run_dir`` as the table's next version (``schema``: the state's
+        Arrow schema); returns the state's rows. A failed commit removes them."""
+        pinned = self._pins[name]
+        where = self.dest.path(name, run_dir)
         try:
-            files = self._data_files(where, run_dir, [physical[c] for c in _stat_columns(frame.schema, key)])
+            files = self._data_files(where, run_dir, stat_columns)
             rows = sum(f.records for f in files) + (sum(f.records for f in plan.kept) if plan is not None else 0)
             meta = {**marker, "rows": rows, "run": self.run_id, "output": self.fs.root}
-            version = self.delta_table(name).commit(pinned, files, encode_arrow_schema(arrow_schema(frame.schema)),
+            version = self.delta_table(name).commit(pinned, files, encode_arrow_schema(schema),
                                                     int(Lsn.parse(marker["position"])), meta,
                                                     force=self.opts.full or name in self.rebuilt,
                                                     replaces=plan.affected if plan is not None else None)
@@ -225,6 +245,17 @@ class DeltaMaterializer(Materializer):
         self._versions[name] = version
         self._files[name] = (plan or PartialPlan(pinned.stats, ())).counts(len(files))
         return rows
+
+    def previous_arrow(self, name: str) -> Any:
+        """The pinned version's rows as an Arrow table read in the driver (a local DEST), with the columns'
+        PostgreSQL names."""
+        pinned = self._pins[name]
+        paths = [f if f.startswith("/") else local_path(self.dest.path(name, f)) or "" for f in pinned.files]
+        table = read_parquet_files(paths)
+        if table is None:
+            return None
+        names = self._names.get(name, {})
+        return table.rename_columns([names.get(c, c) for c in table.column_names])
 
     def _discard(self, name: str, where: str, run_dir: str) -> None:
         """Remove a failed run's files, unless its commit landed after all (then they are the table's)."""

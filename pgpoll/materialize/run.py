@@ -39,7 +39,7 @@ import functools
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -49,6 +49,14 @@ from pgpoll.materialize.change_summary import ChangeSummary, identity_segments, 
 from pgpoll.materialize.change_summary import replay_key as _replay_key
 from pgpoll.materialize.delta_table import footer_files
 from pgpoll.materialize.dest_lease import DestLease
+from pgpoll.materialize.driver_run import (
+    driver_state,
+    in_driver,
+    parquet_files,
+    read_parquet_files,
+    requested_engine,
+    write_state_file,
+)
 from pgpoll.materialize.snapshot_input import SnapshotCatalog
 from pgpoll.materialize.snapshot_merge import (
     RESNAPSHOT_FIX,
@@ -60,7 +68,7 @@ from pgpoll.materialize.snapshot_merge import (
     snapshot_filter,
     snapshot_json,
 )
-from pgpoll.materialize.state import StateColumn, StateResult, materialize
+from pgpoll.materialize.state import ComputedState, StateColumn, StateResult, materialize
 from pgpoll.materialize.state_log import SCRATCH, StateLog, StateRecord, scratch_name, stale_scratch
 from pgpoll.materialize.state_log import STATE_FILE as STATE_FILE  # (imported from here by delta_state)
 from pgpoll.materialize.table_pool import run_in_order
@@ -106,12 +114,14 @@ class TableState:
     format: str = "parquet"
     version: int | None = None  # the Delta table's version (--format delta)
     snapshot: dict[str, Any] | None = None  # {"id", "complete", "converged"} of the snapshot the state is built on
+    engine: str | None = None  # what computed the state: "driver" or "spark" (None: nothing to compute)
 
     def to_json(self) -> str:
-        """One line of JSON (``version`` only for Delta)."""
+        """One line of JSON (``version`` only for Delta, ``engine`` only when a state was computed)."""
         out = asdict(self)
-        if self.version is None:
-            del out["version"]
+        for optional in ("version", "engine"):
+            if out[optional] is None:
+                del out[optional]
         return json.dumps(out, sort_keys=True)
 
 
@@ -167,6 +177,7 @@ class Materializer:
         self.pins: dict[str, int] = {}  # the state record each table's run builds on (pgpoll.materialize.state_log)
         self.summaries: dict[str, ChangeSummary] = {}  # per table: what one pass over its new changes found
         self.row_bounds: dict[str, int] = {}  # per table built without a previous state: at most this many rows
+        self.engine = requested_engine()  # small tables of a local output in the driver (pgpoll.materialize.driver_run)
 
     def run(self) -> list[TableState]:
         """Materialize every selected table; returns what was done for each."""
@@ -243,32 +254,43 @@ class Materializer:
             read = select_records(todo, snap, rule)
         # a record that names the table wrote its partition there (records without one have no tables)
         partitions = [self.fs.path(layout.TABLES, name, r.partition) for r in read if r.partition is not None]
+        computed = None
+        if snap is None and in_driver(self, name, read, marker, partitions):  # a small table: no Spark job
+            computed = driver_state(self, name, parsed, partitions, marker)
+        if computed is None:
+            computed = self._spark_state(name, parsed, snap, rule, partitions, marker)
+        warnings = computed.warnings
+        if computed.unresolved_toast:
+            warnings.append(
+                f"{qualified}: {computed.unresolved_toast} row(s) keep an unchanged TOAST value that predates the "
+                f"captured history (left null); fix: run {resnapshot_command(qualified)}"
+            )
+        for w in warnings:
+            log.warning("%s", w)
+        end = (todo[-1] if todo else records[-1]).end if records else (marker["position"] if marker else "0/0")
+        meta: dict[str, Any] = {"position": end, "schema_id": computed.described.schema_id, "table": qualified}
+        if snap is not None:
+            meta["snapshot_id"] = snap.snapshot_id
+        if computed.table is not None:
+            rows = self._write_arrow(name, computed.table, meta, computed.key)
+        else:
+            rows = self._write(name, computed.frame, meta, computed.key)
+        return TableState(qualified, target, rows, end, "incremental" if marker else "full", len(read), warnings,
+                          snapshot=snapshot_info, engine="spark" if computed.table is None else "driver")
+
+    def _spark_state(self, name: str, parsed: tuple[str, str], snap: Any, rule: SnapshotFilter | None,
+                     partitions: list[str], marker: dict[str, Any] | None) -> ComputedState:
+        """The table's new state as a Spark frame (:mod:`pgpoll.materialize.state`)."""
+        qualified = f"{parsed[0]}.{parsed[1]}"
+        shape = snap.shape if snap is not None else None
         events = self.spark.read.option("mergeSchema", "true").parquet(*partitions) if partitions else None
         if events is not None and rule is not None and "_xid" not in events.columns:
-            raise SinkError(f"{qualified}: the typed changes after snapshot {snap.snapshot_id} have no _xid column "  # type: ignore[union-attr]
+            raise SinkError(f"{qualified}: the typed changes after snapshot {snap.snapshot_id} have no _xid column "
                             "(written by an older pgpoll ingest)", RESNAPSHOT_FIX)
         floor = ((snap.plan_lsn, -1), shape) if snap is not None and shape is not None and marker is None else None
         summary = self.summaries[name] = summarize(events) if events is not None else ChangeSummary()
-        described = latest_schema(summary, self.store, marker["schema_id"] if marker else None, floor)
-        if described is None and marker is not None:
-            described = self.store.load(marker["schema_id"])
-        if described is None:
-            raise SinkError(f"no column description found for {qualified}", "rerun pgpoll materialize --full")
-        warnings: list[str] = []
-        key = _replay_key(described)
-        if not described.key:
-            warnings.append(
-                f"{qualified} has no replica identity key: its UPDATEs and DELETEs cannot be matched to rows; "
-                f"fix: ALTER TABLE {qualified} ADD PRIMARY KEY (...) or REPLICA IDENTITY FULL, then run "
-                f"{resnapshot_command(qualified)}"
-            )
-        earlier = shape if marker is None else self.store.load(marker["schema_id"])
-        added = added_columns_warning(earlier, described, qualified)
-        warnings += [added] if added else []
-        ledger = load_ledger(self.fs, *parsed)
-        columns = _state_columns(described, ledger)
+        described, columns, key, warnings = self.describe(parsed, summary, marker, floor, shape)
         renamed = {c.name: s.name for c, s in zip(described.columns, columns, strict=True)}
-        key = [renamed.get(k, k) for k in key]
         if snap is not None:
             rule = snapshot_filter(snap, described, columns)
             previous = (_align(self._read_previous(name, events, key, columns), columns) if marker
@@ -294,20 +316,32 @@ class Materializer:
             result = StateResult(previous, unresolved)
         else:
             result = materialize(events, previous, columns, key, rule, summary)
-        if result.unresolved_toast:
+        return ComputedState(described, key, warnings, result.unresolved_toast, frame=result.frame)
+
+    def describe(self, parsed: tuple[str, str], summary: ChangeSummary, marker: dict[str, Any] | None,
+                  floor: tuple[tuple[int, int], TableSchema] | None, shape: TableSchema | None,
+                  ) -> tuple[TableSchema, list[StateColumn], list[str], list[str]]:
+        """The state's shape from the changes' newest one: its description, columns, key (state names) and the
+        warnings it calls for (no key, columns added since the previous state)."""
+        qualified = f"{parsed[0]}.{parsed[1]}"
+        described = latest_schema(summary, self.store, marker["schema_id"] if marker else None, floor)
+        if described is None and marker is not None:
+            described = self.store.load(marker["schema_id"])
+        if described is None:
+            raise SinkError(f"no column description found for {qualified}", "rerun pgpoll materialize --full")
+        warnings: list[str] = []
+        if not described.key:
             warnings.append(
-                f"{qualified}: {result.unresolved_toast} row(s) keep an unchanged TOAST value that predates the captured "
-                f"history (left null); fix: run {resnapshot_command(qualified)}"
+                f"{qualified} has no replica identity key: its UPDATEs and DELETEs cannot be matched to rows; "
+                f"fix: ALTER TABLE {qualified} ADD PRIMARY KEY (...) or REPLICA IDENTITY FULL, then run "
+                f"{resnapshot_command(qualified)}"
             )
-        for w in warnings:
-            log.warning("%s", w)
-        end = (todo[-1] if todo else records[-1]).end if records else (marker["position"] if marker else "0/0")
-        meta: dict[str, Any] = {"position": end, "schema_id": described.schema_id, "table": qualified}
-        if snap is not None:
-            meta["snapshot_id"] = snap.snapshot_id
-        rows = self._write(name, result.frame, meta, key)
-        return TableState(qualified, target, rows, end, "incremental" if marker else "full", len(read), warnings,
-                          snapshot=snapshot_info)
+        earlier = shape if marker is None else self.store.load(marker["schema_id"])
+        added = added_columns_warning(earlier, described, qualified)
+        warnings += [added] if added else []
+        columns = _state_columns(described, load_ledger(self.fs, *parsed))
+        renamed = {c.name: s.name for c, s in zip(described.columns, columns, strict=True)}
+        return described, columns, [renamed.get(k, k) for k in _replay_key(described)], warnings
 
     def _read_previous(self, name: str, events: Any = None, key: Sequence[str] = (),
                        columns: Sequence[StateColumn] = ()) -> Any:
@@ -322,16 +356,28 @@ class Materializer:
         created exclusively before the directory is swapped; a run that loses
         removes its directory and raises SinkError.
         """
+
+        def files(scratch: str) -> int:
+            frame.write.parquet(scratch)
+            local = local_path(scratch)  # a local state counts its rows from the footers, not with a Spark job
+            return (sum(f.records for f in footer_files(local, "", ())) if local is not None
+                    else int(self.spark.read.parquet(scratch).count()))
+
+        return self._publish(name, marker, files)
+
+    def _write_arrow(self, name: str, table: Any, marker: dict[str, Any], key: list[str]) -> int:
+        """:meth:`_write` for a state computed in the driver (a local DEST): one Parquet file written by pyarrow."""
+        return self._publish(name, marker, lambda scratch: write_state_file(table, scratch))
+
+    def _publish(self, name: str, marker: dict[str, Any], files: Callable[[str], int]) -> int:
+        """Write the state's files into a scratch directory with ``files`` (returns the rows), then publish it."""
         states = StateLog(self.dest, name)
         run = uuid.uuid4().hex[:8]
         seq = self.pins.get(name, 0) + 1
         scratch_dir = scratch_name(name, seq, run)
         scratch = self.dest.path(scratch_dir)
         try:
-            frame.write.parquet(scratch)
-            local = local_path(scratch)  # a local state counts its rows from the footers, not with a Spark job
-            rows: int = (sum(f.records for f in footer_files(local, "", ())) if local is not None
-                         else self.spark.read.parquet(scratch).count())
+            rows = files(scratch)
         except Exception:
             self.dest.delete(scratch)
             states.check_pin(seq - 1)  # another run's swap removed what this one read: report that
@@ -341,6 +387,10 @@ class Materializer:
         states.commit(StateRecord(seq, name, scratch_dir, run, state))
         self.pins[name] = seq
         return rows
+
+    def previous_arrow(self, name: str) -> Any:
+        """The previous state of one table as an Arrow table read in the driver (a local DEST)."""
+        return read_parquet_files(parquet_files(local_path(self.dest.path(name)) or ""))
 
 
 def run_materialize(

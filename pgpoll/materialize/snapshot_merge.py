@@ -136,6 +136,11 @@ def predates_warning(events: Any, key: Mapping[str, str], qualified: str) -> str
     touched = events.where(F.col("_op").isin("U", "D")).select(old.alias("k"))
     if touched.join(created, "k", "left_anti").limit(1).count() == 0:
         return None
+    return predates_text(qualified)
+
+
+def predates_text(qualified: str) -> str:
+    """The warning for a table whose changes touch rows that predate the captured history."""
     return (f"{qualified} has UPDATEs or DELETEs of rows that predate the captured history and no snapshot: "
             f"its state lacks the rows the slot never saw; fix: run {resnapshot_command(qualified)}")
 

@@ -57,6 +57,19 @@ class StateColumn:
 
 
 @dataclass
+class ComputedState:
+    """A table's new state and what it was computed from: a Spark ``frame`` or, computed in the driver
+    (:mod:`pgpoll.materialize.driver_state`), an Arrow ``table``."""
+
+    described: Any  # the TableSchema the state's columns follow
+    key: list[str]
+    warnings: list[str]
+    unresolved_toast: int
+    frame: Any = None
+    table: Any = None
+
+
+@dataclass
 class StateResult:
     """The new state and what could not be resolved."""
 

@@ -80,3 +80,20 @@ def test_tables_patterns_select_tables_and_to_writes_elsewhere(
 
     nothing = pgpoll("materialize", "--output", capture.output, "--tables", "nomatch.*")
     assert nothing.exit_code == 0 and nothing.stdout == ""
+
+
+def test_a_bad_engine_setting_exits_2_before_spark_and_writes_nothing(
+    pgpoll: Pgpoll, db: Any, spark: Any, tmp_path: Path
+) -> None:
+    capture = make_capture(db, "test_decoding", tmp_path / "out")
+    db.execute("INSERT INTO items VALUES (1, 'a')")
+    assert ingest(db.dsn, *capture.args("--typed-tables")).exit_code == 0
+    result = pgpoll("materialize", "--output", capture.output, env={"PGPOLL_MATERIALIZE_ENGINE": "gpu"})
+    assert result.exit_code == exitcodes.USAGE == 2
+    lines = _message(result.stderr)
+    assert lines == ["error: PGPOLL_MATERIALIZE_ENGINE='gpu' is not one of auto, spark, driver",
+                     "  fix: unset PGPOLL_MATERIALIZE_ENGINE (auto: small tables of a local output in the driver, "
+                     "the rest with Spark)"], lines
+    assert not (Path(capture.output) / layout.STATE).exists()
+    fine = pgpoll("materialize", "--output", capture.output, "--json", env={"PGPOLL_MATERIALIZE_ENGINE": "spark"})
+    assert fine.exit_code == 0 and '"engine": "spark"' in fine.stdout, fine.stderr

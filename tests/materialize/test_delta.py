@@ -156,6 +156,7 @@ def test_a_second_materialize_on_the_same_dest_exits_3_and_a_stale_lease_blocks_
     # a run killed with SIGKILL leaves its lease behind; once expired it does not block the next run
     (Path(out) / "state" / LEASE_FILE).write_text(json.dumps({"run": "killed", "expires_at": time.time() - 1}))
     monkeypatch.setattr(delta_state, "local_path", lambda path: None)  # file statistics as for remote stores: with Spark
+    monkeypatch.setenv("PGPOLL_MATERIALIZE_ENGINE", "spark")  # (the state too: a remote DEST is never computed in the driver)
     code, tables, _, err = _run(out)
     assert code == 0 and tables[0]["version"] == 0, err
     assert _delta(table) == _source(db)
@@ -226,6 +227,7 @@ def test_an_incremental_run_rewrites_only_the_files_holding_changed_keys(
     db: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(delta_files, "TARGET_ROWS", 100)  # files of 100 rows: 1,000 rows make ten
+    monkeypatch.setenv("PGPOLL_MATERIALIZE_ENGINE", "spark")  # Spark's layout (a table this small is one file in the driver)
     ingest_args, out, table = _setup(db, tmp_path)
     db.execute("INSERT INTO t SELECT i, 'r' || i, i, NULL FROM generate_series(1, 1000) i")
     assert ingest(db.dsn, *ingest_args).exit_code == 0

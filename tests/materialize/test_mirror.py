@@ -170,8 +170,8 @@ class Workload:
             conn.close()
 
 
-def _state_schema(out: Path, table: str) -> TableSchema:
-    marker = json.loads((out / "state" / table_dir_name("public", table) / "_pgpoll_state.json").read_text())
+def _state_schema(out: Path, table: str, state: str = "state") -> TableSchema:
+    marker = json.loads((out / state / table_dir_name("public", table) / "_pgpoll_state.json").read_text())
     return TableSchema.from_json((out / "_pgpoll" / "schemas" / f"{marker['schema_id']}.json").read_text())
 
 
@@ -199,8 +199,8 @@ def _source_value(t: Any, typed: Any, text: Any) -> tuple[str, Any]:
     return ("value", comparable_source(typed, t))
 
 
-def _assert_mirror(db: Any, spark: Any, out: Path, table: str) -> None:
-    described = _state_schema(out, table)
+def _assert_mirror(db: Any, spark: Any, out: Path, table: str, state: str = "state") -> None:
+    described = _state_schema(out, table, state)
     names = list(described.names)
     source_names = [r[0] for r in db.execute(
         "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
@@ -211,7 +211,7 @@ def _assert_mirror(db: Any, spark: Any, out: Path, table: str) -> None:
     source: list[tuple[Any, ...]] = []
     for row in db.execute(f"SELECT {select} FROM {table}"):
         source.append(tuple(_source_value(types[n], row[2 * i], row[2 * i + 1]) for i, n in enumerate(names)))
-    frame = spark.read.parquet(str(out / "state" / table_dir_name("public", table)))
+    frame = spark.read.parquet(str(out / state / table_dir_name("public", table)))
     extra: list[tuple[Any, ...]] = []
     for row in frame.collect():
         untyped = row["_untyped"] or {}
@@ -253,7 +253,9 @@ FAULTS = ["after-peek", "mid-write", "after-write", "after-commit-log", "after-a
 
 
 @pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])
-def test_materialized_tables_mirror_the_source(db_any: Any, spark: Any, tmp_path: Path, plugin: str) -> None:
+def test_materialized_tables_mirror_the_source(db_any: Any, spark: Any, tmp_path: Path, plugin: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both engines: ``state`` computed in the driver (small tables), ``state-spark`` with Spark."""
     db = db_any
     db.require_plugin(plugin)
     work = Workload(db, seed=db.major * 10 + (plugin == "pgoutput"))
@@ -279,9 +281,16 @@ def test_materialized_tables_mirror_the_source(db_any: Any, spark: Any, tmp_path
         assert finished.exit_code == 0, finished.stderr
         code, tables, err = materialize(str(out))
         assert code == 0, err
+        assert {t.get("engine") for t in tables} <= {"driver", None}, tables
+        with monkeypatch.context() as env:
+            env.setenv("PGPOLL_MATERIALIZE_ENGINE", "spark")
+            code, by_spark, err = materialize(str(out), "--to", str(out / "state-spark"))
+        assert code == 0, err
+        assert {t.get("engine") for t in by_spark} <= {"spark", None}, by_spark
         for table in ("t_types", "t_toast", "t_full", "t_trunc"):
-            if (out / "state" / table_dir_name("public", table)).exists():
-                _assert_mirror(db, spark, out, table)
+            for state in ("state", "state-spark"):
+                if (out / state / table_dir_name("public", table)).exists():
+                    _assert_mirror(db, spark, out, table, state)
     assert {t["table"] for t in tables} >= {"public.t_types", "public.t_toast", "public.t_full"}
     # a full rebuild gives the same state
     code, _tables, err = materialize(str(out), "--full")

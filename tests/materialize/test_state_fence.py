@@ -8,6 +8,7 @@ with real Spark: a run that stalled past another's publish, and a run killed aft
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,18 +158,22 @@ def _setup(db: Any, tmp_path: Path) -> tuple[str, str]:
     return slot, out
 
 
+@pytest.mark.parametrize("engine", ["spark", "driver"])
 def test_a_run_that_stalled_while_another_published_gets_exit_5_and_changes_nothing(
-    db: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    db: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
     _slot, out = _setup(db, tmp_path)
+    monkeypatch.setenv("PGPOLL_MATERIALIZE_ENGINE", engine)
     monkeypatch.setenv("PGPOLL_TEST_NO_LOCK", "1")  # the lease expired: only the fence is left
     winner: list[Any] = []
 
     class Stalled(Materializer):
         def _write(self, name: str, frame: Any, marker: dict[str, Any], key: list[str]) -> int:
-            computed = frame.localCheckpoint()  # this run's state is computed; then it stalls
-            winner.extend(run_materialize(MaterializeOptions(output=out), spark))
-            return super()._write(name, computed, marker, key)
+            return super()._write(name, frame.localCheckpoint(), marker, key)  # computed before the stall
+
+        def _publish(self, name: str, marker: dict[str, Any], files: Callable[[str], int]) -> int:
+            winner.extend(run_materialize(MaterializeOptions(output=out), spark))  # this run stalls here
+            return super()._publish(name, marker, files)
 
     with pytest.raises(SinkError) as lost:
         run_materialize(MaterializeOptions(output=out), spark, materializer=Stalled)

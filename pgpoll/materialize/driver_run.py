@@ -1,0 +1,162 @@
+"""Small tables materialized in the driver: when, and the files read and written there with pyarrow.
+
+A Spark job costs a fraction of a second once the JVM is warm and seconds
+before, and a table's run takes several (read with schema merging, the
+change summary, the state's shuffle, the write): five tables of 1,000 rows
+took some 15 s on top of Spark's start-up. A table whose new changes and
+previous state are small (at most :data:`DRIVER_ROWS` rows each) and whose
+output and DEST are local (and whose files are at most :data:`DRIVER_BYTES`)
+is computed in the driver instead
+(:mod:`pgpoll.materialize.driver_state`): its changes are read with pyarrow,
+replayed, and the state written with pyarrow, then published exactly as a
+Spark-written state (the same state record or Delta commit). Tables on a
+snapshot, whose replica identity changed, or with values stored under an
+older type go to Spark, as do larger ones.
+
+``PGPOLL_MATERIALIZE_ENGINE`` chooses: ``auto`` (the default: as above),
+``spark`` (every table with Spark), ``driver`` (every table the replay covers,
+whatever its size).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pgpoll.errors import ConfigError
+from pgpoll.materialize.change_summary import ChangeSummary, identity_segments
+from pgpoll.materialize.driver_state import DRIVER_ROWS, decline, predates, replay, summarize_table
+from pgpoll.materialize.snapshot_merge import predates_text
+from pgpoll.materialize.state import ComputedState, StateColumn
+from pgpoll.sink.commit_log import CommitRecord
+from pgpoll.sink.filesystem import local_path
+from pgpoll.sink.parquet_writer import WRITE_OPTIONS
+from pgpoll.typed.mapping import arrow_type
+
+if TYPE_CHECKING:
+    from pgpoll.materialize.run import Materializer
+
+log = logging.getLogger("pgpoll.materialize")
+ENGINE_ENV = "PGPOLL_MATERIALIZE_ENGINE"
+ENGINES = ("auto", "spark", "driver")
+_TS = pa.timestamp("us", tz="UTC")
+#: The most bytes of Parquet (the changes read, and the previous state) a table's run reads into the driver.
+DRIVER_BYTES = 32 << 20
+
+
+def requested_engine(environ: dict[str, str] | None = None) -> str:
+    """``PGPOLL_MATERIALIZE_ENGINE`` (default ``auto``); any other value is a ConfigError (exit 2)."""
+    value = (environ if environ is not None else dict(os.environ)).get(ENGINE_ENV, "auto").strip().lower() or "auto"
+    if value not in ENGINES:
+        raise ConfigError(f"{ENGINE_ENV}={value!r} is not one of {', '.join(ENGINES)}",
+                          f"unset {ENGINE_ENV} (auto: small tables of a local output in the driver, the rest with Spark)")
+    return value
+
+
+def state_schema(columns: Sequence[StateColumn]) -> pa.Schema:
+    """The Arrow schema of a state with ``columns``, as Spark writes it (every field nullable)."""
+    return pa.schema([
+        *[pa.field(c.name, arrow_type(c.type)) for c in columns],
+        pa.field("_untyped", pa.map_(pa.string(), pa.string())),
+        pa.field("_commit_lsn", pa.int64()),
+        pa.field("_commit_ts", _TS),
+    ])
+
+
+def in_driver(m: Materializer, name: str, read: Sequence[CommitRecord], marker: dict[str, Any] | None,
+              partitions: Sequence[str]) -> bool:
+    """Whether this table's run is computed in the driver (see the module docstring)."""
+    if m.engine == "spark":
+        return False
+    if local_path(m.dest.path("")) is None or any(local_path(p) is None for p in partitions):
+        return False
+    if m.engine == "driver":
+        return True
+    if sum(r.rows for r in read) > DRIVER_ROWS or int((marker or {}).get("rows", 0)) > DRIVER_ROWS:
+        return False
+    # wide rows or large values (TOAST) make few rows many bytes: bound what the driver reads too
+    return (sum(_bytes(local_path(p) or "") for p in partitions) <= DRIVER_BYTES
+            and (marker is None or _bytes(local_path(m.dest.path(name)) or "") <= DRIVER_BYTES))
+
+
+def _bytes(directory: str) -> int:
+    """The size of the files under a local directory (0 when it does not exist)."""
+    total = 0
+    for root, _dirs, files in os.walk(directory):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+def parquet_files(directory: str) -> list[str]:
+    """The data files of a local directory Spark or pyarrow wrote (names starting with ``_`` or ``.`` aside)."""
+    if not directory or not os.path.isdir(directory):
+        return []
+    return [os.path.join(directory, n) for n in sorted(os.listdir(directory))
+            if n.endswith(".parquet") and not n.startswith(("_", "."))]
+
+
+def read_parquet_files(paths: Sequence[str]) -> pa.Table | None:
+    """The rows of ``paths`` as one table, schemas merged as Spark's ``mergeSchema`` does (None: no file)."""
+    tables = [pq.read_table(p) for p in paths]
+    if not tables:
+        return None
+    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+
+
+def write_state_file(table: pa.Table, directory: str) -> int:
+    """Write ``table`` as one Parquet file into the local ``directory`` (created); returns its rows."""
+    local = local_path(directory)
+    if local is None:
+        raise ConfigError(f"{directory} is not a local path", "materialize it with PGPOLL_MATERIALIZE_ENGINE=spark")
+    os.makedirs(local, exist_ok=True)
+    pq.write_table(table, os.path.join(local, f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"), **WRITE_OPTIONS)
+    return table.num_rows
+
+
+def arrow_stat_columns(schema: pa.Schema) -> set[str]:
+    """The columns whose minimum and maximum Delta readers compare like Spark does (integers, strings, dates)."""
+    return {f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_string(f.type)
+            or pa.types.is_date32(f.type)}
+
+
+def sorted_on(table: pa.Table, key: Sequence[str]) -> pa.Table:
+    """``table`` sorted on ``key`` where Arrow can sort those columns (the layout Spark's writer gives)."""
+    if not key:
+        return table
+    try:
+        return table.sort_by([(k, "ascending") for k in key])
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return table
+
+
+def driver_state(m: Materializer, name: str, parsed: tuple[str, str], partitions: Sequence[str],
+                 marker: dict[str, Any] | None) -> ComputedState | None:
+    """The table's new state computed in the driver, or None when the replay does not cover it (Spark does)."""
+    qualified = f"{parsed[0]}.{parsed[1]}"
+    events = read_parquet_files([f for p in partitions for f in parquet_files(local_path(p) or "")])
+    summary = summarize_table(events) if events is not None else ChangeSummary()
+    if len(identity_segments(summary, m.store)) > 1:
+        log.info("%s: the replica identity changed: computed with Spark", qualified)
+        return None
+    described, columns, key, warnings = m.describe(parsed, summary, marker, None, None)
+    schema = state_schema(columns)
+    previous = m.previous_arrow(name) if marker else None
+    why = decline(events, previous, columns, schema)
+    if why is not None:
+        log.info("%s: %s: computed with Spark", qualified, why)
+        return None
+    m.summaries[name] = summary
+    key_physical = {c.name: c.physical[0] for c in columns if c.name in key and c.physical}
+    if marker is None and key and summary.touches and events is not None and predates(events, key_physical):
+        warnings.append(predates_text(qualified))
+    if previous is None:
+        m.row_bounds[name] = summary.row_changes
+    table, unresolved = replay(events, previous, columns, key, schema)
+    log.info("%s: computed in the driver (%d change rows)", qualified, 0 if events is None else events.num_rows)
+    return ComputedState(described, key, warnings, unresolved, table=table)
