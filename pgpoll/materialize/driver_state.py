@@ -57,7 +57,7 @@ def decline(events: pa.Table | None, previous: pa.Table | None, columns: Sequenc
     """Why this table's state is computed by Spark after all (None: the replay covers it).
 
     Values stored under an older type (a column whose type changed) are cast by Spark's rules; the replay
-    leaves them to it, and a previous state whose columns do not cast to the new types.
+    leaves them to it, in the changes and in the previous state alike.
     """
     if events is not None:
         for c in columns:
@@ -66,12 +66,23 @@ def decline(events: pa.Table | None, previous: pa.Table | None, columns: Sequenc
                 return f"column {c.name} holds values of an older type"
     if previous is not None:
         for c in columns:
-            if c.name in previous.column_names:
-                try:
-                    previous.column(c.name).cast(schema.field(c.name).type)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                    return f"the previous state's column {c.name} is of another type"
+            if c.name in previous.column_names and not same_type(previous.schema.field(c.name).type,
+                                                                 schema.field(c.name).type):
+                return f"the previous state's column {c.name} is of another type"
     return None
+
+
+def same_type(a: pa.DataType, b: pa.DataType) -> bool:
+    """Whether two Arrow types hold the same values, the names of list items aside (Spark's Parquet calls
+    them ``element``, Arrow ``item``)."""
+    if pa.types.is_list(a) and pa.types.is_list(b):
+        return same_type(a.value_type, b.value_type)
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        return [f.name for f in a] == [f.name for f in b] and all(
+            same_type(x.type, y.type) for x, y in zip(a, b, strict=True))
+    if pa.types.is_map(a) and pa.types.is_map(b):
+        return same_type(a.key_type, b.key_type) and same_type(a.item_type, b.item_type)
+    return bool(a.equals(b))
 
 
 def summarize_table(events: pa.Table) -> ChangeSummary:

@@ -263,3 +263,28 @@ def test_an_incremental_run_rewrites_only_the_files_holding_changed_keys(
     assert code == 0 and tables[0]["files"] == {"rewritten": len(second), "added": 1, "kept": 0}, err
     assert not any("add" in a for a in _log(table, 2) if "add" in a and a["add"]["path"] in second)
     assert _delta(table) == _source(db) == [{"id": 7, "name": "after", "n": Decimal("1.00"), "at": None}]
+
+
+@pytest.mark.parametrize("engine", ["auto", "spark"])
+def test_a_type_change_reaches_the_delta_schema_and_older_rows_are_cast_by_spark(
+    db: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    monkeypatch.setenv("PGPOLL_MATERIALIZE_ENGINE", engine)
+    args, out, table = _setup(db, tmp_path)
+    db.execute("INSERT INTO t VALUES (1, 'a', 1.50, NULL), (2, 'b', 2.25, NULL)")
+    assert ingest(db.dsn, *args).exit_code == 0
+    code, tables, _summary, err = _run(out)
+    assert code == 0 and tables[0]["version"] == 0, err
+    assert {f.name: f.type.type for f in DeltaTable(str(table)).schema().fields}["n"] == "decimal(10,2)"
+    # PostgreSQL rewrites the rows with the USING expression and sends no change for them
+    db.execute("ALTER TABLE t ALTER COLUMN n TYPE text USING n::text || '!'")
+    db.execute("INSERT INTO t VALUES (3, 'c', 'x', NULL)")
+    db.execute("UPDATE t SET name = 'b2' WHERE id = 2")
+    assert ingest(db.dsn, *args).exit_code == 0
+    code, tables, _summary, err = _run(out)
+    assert code == 0 and (tables[0]["mode"], tables[0]["version"]) == ("incremental", 1), err
+    assert tables[0]["engine"] == "spark"  # rows stored under the older type are cast by Spark's rules
+    assert {f.name: f.type.type for f in DeltaTable(str(table)).schema().fields}["n"] == "string"
+    rows = {r["id"]: (r["name"], r["n"]) for r in _delta(table)}
+    assert rows == {1: ("a", "1.50"), 2: ("b2", "2.25!"), 3: ("c", "x")}  # row 1 last changed before the change
+    assert _delta(table, version=0)[0]["n"] == Decimal("1.50")  # the version before keeps the old type

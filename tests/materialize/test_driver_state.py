@@ -205,8 +205,12 @@ def test_values_of_an_older_type_and_a_previous_state_of_another_type_go_to_spar
     retyped = [StateColumn("id", type_from_name("bigint"), ("id__int8", "id")), *_columns(shape)[1:]]
     assert decline(events, None, retyped, state_schema(retyped)) == "column id holds values of an older type"
     assert decline(events, None, _columns(shape), state_schema(_columns(shape))) is None
-    previous = pa.table({"id": pa.array(["x"]), "v": pa.array(["a"])})
+    previous = pa.table({"id": pa.array([1], pa.int64()), "v": pa.array(["a"])})  # an int column that was a bigint
     assert "previous state's column id" in (decline(None, previous, _columns(shape), state_schema(_columns(shape))) or "")
+    element = pa.list_(pa.field("element", pa.string()))
+    spark_lists = pa.table({"id": pa.array([1], pa.int32()), "tags": pa.array([["a"]], element)})
+    with_list = [*_columns(shape), StateColumn("tags", type_from_name("text[]"), ("tags",))]
+    assert decline(None, spark_lists, with_list, state_schema(with_list)) is None  # list item names aside
 
 
 def test_the_engine_setting_is_checked() -> None:
