@@ -37,11 +37,14 @@ from typing import Any
 
 from pgpoll.errors import ConfigError, SinkError
 from pgpoll.lsn import Lsn
+from pgpoll.materialize import delta_files
 from pgpoll.materialize.change_summary import identity_segments, replay_key
 from pgpoll.materialize.delta_files import TARGET_ROWS, PartialPlan, laid_out, refusal, scan_changes, schema_shape, write_options
 from pgpoll.materialize.delta_names import delta_schema_names, encode_arrow_schema, logical_stats, physical_names
 from pgpoll.materialize.delta_table import DataFile, DeltaStateTable, PinnedVersion, app_id, delta_uri, footer_files
+from pgpoll.materialize.driver_files import comparable_key, files_refusal, touched_files
 from pgpoll.materialize.driver_run import arrow_stat_columns, read_parquet_files, sorted_on, write_state_file
+from pgpoll.materialize.driver_state import DRIVER_AFFECTED_ROWS, DRIVER_BYTES, DRIVER_ROWS, same_type, touched_key_values
 from pgpoll.materialize.run import STATE_FILE, MaterializeOptions, Materializer, TableState, _align
 from pgpoll.materialize.state import StateColumn
 from pgpoll.sink import layout
@@ -212,14 +215,15 @@ class DeltaMaterializer(Materializer):
                                     [physical[c] for c in _stat_columns(frame.schema, key)], plan)
 
     def _write_arrow(self, name: str, table: Any, marker: dict[str, Any], key: list[str]) -> int:
-        """:meth:`_write` for a state computed in the driver: one file, sorted on the key, written by pyarrow,
-        replacing every file of the pinned version."""
+        """:meth:`_write` for a state computed in the driver: sorted on the key, in files of at most
+        :data:`TARGET_ROWS` rows written by pyarrow, replacing every file of the pinned version or, with a
+        plan (:meth:`driver_previous`), the files it rewrites."""
         run_dir = f"{RUN_DIR_PREFIX}{self.run_id}"
         physical = physical_names(table.column_names)
         write_state_file(sorted_on(table, key).rename_columns([physical[c] for c in table.column_names]),
-                         self.dest.path(name, run_dir))
+                         self.dest.path(name, run_dir), rows_per_file=delta_files.TARGET_ROWS)
         stats = [physical[c] for c in key if c in arrow_stat_columns(table.schema)]
-        return self._commit_written(name, run_dir, marker, table.schema, stats, None)
+        return self._commit_written(name, run_dir, marker, table.schema, stats, self._plans.pop(name, None))
 
     def _commit_written(self, name: str, run_dir: str, marker: dict[str, Any], schema: Any, stat_columns: list[str],
                         plan: PartialPlan | None) -> int:
@@ -246,16 +250,63 @@ class DeltaMaterializer(Materializer):
         self._files[name] = (plan or PartialPlan(pinned.stats, ())).counts(len(files))
         return rows
 
-    def previous_arrow(self, name: str) -> Any:
-        """The pinned version's rows as an Arrow table read in the driver (a local DEST), with the columns'
-        PostgreSQL names."""
+    def driver_previous(self, name: str, events: Any, key: list[str], columns: list[StateColumn],
+                        schema: Any) -> tuple[Any, str | None]:
+        """The pinned version's rows the driver needs, as Arrow with the columns' PostgreSQL names: every file
+        of a small table; of a large one, only the files that may hold a key the changes touch
+        (:mod:`pgpoll.materialize.driver_files`; the others are kept by the commit); or why Spark does it."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         pinned = self._pins[name]
-        paths = [f if f.startswith("/") else local_path(self.dest.path(name, f)) or "" for f in pinned.files]
+        self._plans.pop(name, None)
+        known = [f.records for f in pinned.stats]
+        if self.engine == "driver" or (known and min(known) >= 0 and sum(known) <= DRIVER_ROWS
+                                       and sum(f.size for f in pinned.stats) <= DRIVER_BYTES):
+            return self._files_arrow(name, pinned.files), None
+        meta = pinned.meta or {}
+        previous_key = replay_key(self.store.load(meta["schema_id"])) if isinstance(meta.get("schema_id"), str) else []
+        why = files_refusal(pinned.stats, key, previous_key)
+        if why is None and events is None:
+            why = "no new changes"
+        if why is None and pc.any(pc.equal(events.column("_op"), pa.scalar("T"))).as_py():
+            why = "a TRUNCATE"
+        if why is None and not comparable_key(schema, key):
+            why = "a key compared by Spark's rules (not an integer or a string)"
+        if why is None and not self._same_layout(name, pinned.stats[0].path, schema):
+            why = "the schema changed"
+        touched = touched_files(pinned.stats, key, touched_key_values(events, columns, key)) if why is None else None
+        if why is None and touched is None:
+            why = "too many key comparisons"
+        affected = tuple(f for f in pinned.stats if touched is not None and f.path in touched)
+        if why is None and sum(f.records for f in affected) > DRIVER_AFFECTED_ROWS:
+            why = "the changes touch a large part of the state"
+        if why is not None:
+            return None, f"{why} (a large Delta state)"
+        kept = tuple(f for f in pinned.stats if f not in affected)
+        self._plans[name] = PartialPlan(affected, kept)
+        log.info("%s: rewriting %d of %d file(s) in the driver", name, len(affected), len(pinned.stats))
+        table = self._files_arrow(name, [f.path for f in affected])
+        return (table if table is not None else schema.empty_table()), None
+
+    def _files_arrow(self, name: str, files: Sequence[str]) -> Any:
+        """Files of the table read with pyarrow, with the columns' PostgreSQL names (None: no file)."""
+        paths = [f if f.startswith("/") else local_path(self.dest.path(name, f)) or "" for f in files]
         table = read_parquet_files(paths)
         if table is None:
             return None
         names = self._names.get(name, {})
         return table.rename_columns([names.get(c, c) for c in table.column_names])
+
+    def _same_layout(self, name: str, path: str, schema: Any) -> bool:
+        """Whether a pinned file's columns are the new state's (files kept beside new ones must read alike)."""
+        import pyarrow.parquet as pq
+
+        local = path if path.startswith("/") else local_path(self.dest.path(name, path)) or ""
+        stored = pq.read_schema(local)
+        names = self._names.get(name, {})
+        return [names.get(n, n) for n in stored.names] == schema.names and all(
+            same_type(f.type, schema.field(names.get(f.name, f.name)).type) for f in stored)
 
     def _discard(self, name: str, where: str, run_dir: str) -> None:
         """Remove a failed run's files, unless its commit landed after all (then they are the table's)."""

@@ -11,7 +11,11 @@ is computed in the driver instead
 replayed, and the state written with pyarrow, then published exactly as a
 Spark-written state (the same state record or Delta commit). Tables on a
 snapshot, whose replica identity changed, or with values stored under an
-older type go to Spark, as do larger ones.
+older type go to Spark, as do larger changes. A large previous state goes
+to Spark too, except a Delta one with an integer or string key: then only
+the files that may hold a key the changes touch are read, replayed over and
+rewritten (:mod:`pgpoll.materialize.driver_files`), the usual incremental
+run of a big table (new keys and updates of recent rows).
 
 ``PGPOLL_MATERIALIZE_ENGINE`` chooses: ``auto`` (the default: as above),
 ``spark`` (every table with Spark), ``driver`` (every table the replay covers,
@@ -31,7 +35,7 @@ import pyarrow.parquet as pq
 
 from pgpoll.errors import ConfigError
 from pgpoll.materialize.change_summary import ChangeSummary, identity_segments
-from pgpoll.materialize.driver_state import DRIVER_ROWS, decline, predates, replay, summarize_table
+from pgpoll.materialize.driver_state import DRIVER_BYTES, DRIVER_ROWS, decline, predates, replay, summarize_table
 from pgpoll.materialize.snapshot_merge import predates_text
 from pgpoll.materialize.state import ComputedState, StateColumn
 from pgpoll.sink.commit_log import CommitRecord
@@ -46,8 +50,6 @@ log = logging.getLogger("pgpoll.materialize")
 ENGINE_ENV = "PGPOLL_MATERIALIZE_ENGINE"
 ENGINES = ("auto", "spark", "driver")
 _TS = pa.timestamp("us", tz="UTC")
-#: The most bytes of Parquet (the changes read, and the previous state) a table's run reads into the driver.
-DRIVER_BYTES = 32 << 20
 
 
 def requested_engine(environ: dict[str, str] | None = None) -> str:
@@ -78,11 +80,9 @@ def in_driver(m: Materializer, name: str, read: Sequence[CommitRecord], marker: 
         return False
     if m.engine == "driver":
         return True
-    if sum(r.rows for r in read) > DRIVER_ROWS or int((marker or {}).get("rows", 0)) > DRIVER_ROWS:
-        return False
     # wide rows or large values (TOAST) make few rows many bytes: bound what the driver reads too
-    return (sum(_bytes(local_path(p) or "") for p in partitions) <= DRIVER_BYTES
-            and (marker is None or _bytes(local_path(m.dest.path(name)) or "") <= DRIVER_BYTES))
+    # (the previous state is bounded where it is read: Materializer.driver_previous)
+    return sum(r.rows for r in read) <= DRIVER_ROWS and sum(_bytes(local_path(p) or "") for p in partitions) <= DRIVER_BYTES
 
 
 def _bytes(directory: str) -> int:
@@ -91,6 +91,15 @@ def _bytes(directory: str) -> int:
     for root, _dirs, files in os.walk(directory):
         total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
     return total
+
+
+def small_files(paths: Sequence[str]) -> bool:
+    """Whether local Parquet files hold at most :data:`DRIVER_ROWS` rows and :data:`DRIVER_BYTES` bytes."""
+    rows = size = 0
+    for path in paths:
+        rows += pq.read_metadata(path).num_rows
+        size += os.path.getsize(path)
+    return rows <= DRIVER_ROWS and size <= DRIVER_BYTES
 
 
 def parquet_files(directory: str) -> list[str]:
@@ -109,13 +118,18 @@ def read_parquet_files(paths: Sequence[str]) -> pa.Table | None:
     return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
 
 
-def write_state_file(table: pa.Table, directory: str) -> int:
-    """Write ``table`` as one Parquet file into the local ``directory`` (created); returns its rows."""
+def write_state_file(table: pa.Table, directory: str, rows_per_file: int | None = None) -> int:
+    """Write ``table`` as Parquet into the local ``directory`` (created): one file, or files of at most
+    ``rows_per_file`` rows in order; returns the rows."""
     local = local_path(directory)
     if local is None:
         raise ConfigError(f"{directory} is not a local path", "materialize it with PGPOLL_MATERIALIZE_ENGINE=spark")
     os.makedirs(local, exist_ok=True)
-    pq.write_table(table, os.path.join(local, f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"), **WRITE_OPTIONS)
+    step = rows_per_file or max(table.num_rows, 1)
+    run = uuid.uuid4()
+    for n, start in enumerate(range(0, max(table.num_rows, 1), step)):
+        pq.write_table(table.slice(start, step), os.path.join(local, f"part-{n:05d}-{run}-c000.snappy.parquet"),
+                       **WRITE_OPTIONS)
     return table.num_rows
 
 
@@ -146,8 +160,8 @@ def driver_state(m: Materializer, name: str, parsed: tuple[str, str], partitions
         return None
     described, columns, key, warnings = m.describe(parsed, summary, marker, None, None)
     schema = state_schema(columns)
-    previous = m.previous_arrow(name) if marker else None
-    why = decline(events, previous, columns, schema)
+    previous, why = m.driver_previous(name, events, key, columns, schema) if marker else (None, None)
+    why = why or decline(events, previous, columns, schema)
     if why is not None:
         log.info("%s: %s: computed with Spark", qualified, why)
         return None

@@ -42,6 +42,10 @@ from pgpoll.materialize.state import StateColumn
 
 #: The largest number of change rows (and of previous state rows) a table's run replays in the driver.
 DRIVER_ROWS = 100_000
+#: The most bytes of Parquet (the changes read, and the previous state) a table's run reads into the driver.
+DRIVER_BYTES = 32 << 20
+#: The most rows of a large Delta state's files an incremental run in the driver rewrites.
+DRIVER_AFFECTED_ROWS = 600_000
 
 _BEFORE = "_before."
 _NAN = ("__pgpoll_nan__",)
@@ -183,7 +187,7 @@ def _changes(events: pa.Table, columns: Sequence[StateColumn]) -> tuple[_Changes
 
 
 def _previous_rows(previous: pa.Table | None, columns: Sequence[StateColumn], schema: pa.Schema) -> list[dict[str, Any]]:
-    """The previous state's rows, aligned to this run's columns (missing columns: null)."""
+    """The previous state's rows (aligned to this run's columns) as Python values."""
     if previous is None:
         return []
     n = previous.num_rows
@@ -211,13 +215,24 @@ _GONE = _Row([], None, None, None)  # a key a DELETE or a key-changing UPDATE le
 def replay(events: pa.Table | None, previous: pa.Table | None, columns: Sequence[StateColumn], key: Sequence[str],
            schema: pa.Schema) -> tuple[pa.Table, int]:
     """The new state (as ``schema``: the columns, ``_untyped``, ``_commit_lsn``, ``_commit_ts``) and the
-    number of changes left with an unresolved unchanged TOAST value (see the module docstring)."""
-    rows = _previous_rows(previous, columns, schema)
+    number of changes left with an unresolved unchanged TOAST value (see the module docstring).
+
+    Of a keyed table's previous state only the rows at keys a change touches are replayed; the others
+    pass through as Arrow, untouched (the new state of a key depends only on its changes and its
+    previous row, and a moved row's on its old key, which it touches too).
+    """
     changes: _Changes | None = None
     if events is not None:
         changes, truncated = _changes(events, columns)
         if truncated:
-            rows = []
+            previous = None
+    kept: pa.Table | None = None
+    if previous is not None:
+        previous = _aligned(previous, schema)
+        if key:
+            at_touched = _touched_rows(previous, _touched_keys(changes, columns, list(key)), columns, list(key))
+            kept, previous = previous.filter(pc.invert(at_touched)), previous.filter(at_touched)
+    rows = _previous_rows(previous, columns, schema)
     if key:
         out, unresolved = _keyed(changes, rows, columns, list(key))
     else:
@@ -227,7 +242,74 @@ def replay(events: pa.Table | None, previous: pa.Table | None, columns: Sequence
     arrays.append(pa.array([None if r.untyped is None else list(r.untyped.items()) for r in out], schema.field("_untyped").type))
     arrays.append(pa.array([r.lsn for r in out], schema.field("_commit_lsn").type))
     arrays.append(pa.array([r.ts for r in out], schema.field("_commit_ts").type))
-    return pa.Table.from_arrays(arrays, schema=schema), unresolved
+    replayed = pa.Table.from_arrays(arrays, schema=schema)
+    return (replayed if kept is None else pa.concat_tables([kept, replayed])), unresolved
+
+
+def _aligned(previous: pa.Table, schema: pa.Schema) -> pa.Table:
+    """The previous state with this run's columns, in order (a column it lacks: null)."""
+    arrays = [previous.column(f.name).cast(f.type) if f.name in previous.column_names else pa.nulls(previous.num_rows, f.type)
+              for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _touched_keys(changes: _Changes | None, columns: Sequence[StateColumn], key: list[str]) -> set[Any]:
+    """Every key a change puts a row at or takes one from (as :func:`_keyed` forms them)."""
+    if changes is None:
+        return set()
+    names = [c.name for c in columns]
+    at = [names.index(k) for k in key]
+    out: set[Any] = set()
+    for i in changes.order:
+        every = dict(changes.untyped[i]) if changes.untyped[i] is not None else {}
+        out.add(tuple(_hashable(changes.new[j][i]) for j in at) + tuple(every.get(n) for n in key))
+        if changes.has_old[i]:
+            out.add(tuple(_hashable(changes.old[j][i]) for j in at) + tuple(every.get(_BEFORE + n) for n in key))
+    return out
+
+
+def touched_key_values(events: pa.Table, columns: Sequence[StateColumn], key: list[str]) -> set[tuple[Any, ...]]:
+    """The typed key values every INSERT, UPDATE and DELETE puts a row at or takes one from (for choosing
+    files by their key ranges: raw texts aside, a key the typed column cannot hold is null there)."""
+    changes, _ = _changes(events, columns)
+    names = [c.name for c in columns]
+    at = [names.index(k) for k in key]
+    out: set[tuple[Any, ...]] = set()
+    for i in changes.order:
+        out.add(tuple(changes.new[j][i] for j in at))
+        if changes.has_old[i]:
+            out.add(tuple(changes.old[j][i] for j in at))
+    return out
+
+
+def _touched_rows(previous: pa.Table, touched: set[Any], columns: Sequence[StateColumn], key: list[str]) -> Any:
+    """Which previous rows are at a touched key (one integer or string key column: with Arrow's ``is_in``,
+    and only the rows that hold raw texts in Python)."""
+    column = previous.schema.field(key[0]).type
+    if len(key) == 1 and (pa.types.is_integer(column) or pa.types.is_string(column)):
+        plain = [k[0] for k in touched if k[1] is None and k[0] is not None]
+        hits: Any = pc.is_in(previous.column(key[0]), value_set=pa.array(plain, column))
+        found: Any = pc.fill_null(hits, pa.scalar(False))
+        with_raw = pc.is_valid(previous.column("_untyped"))
+        if not pc.any(with_raw).as_py():
+            return found
+        rows = previous.filter(with_raw)
+        exact = _touched_rows_by_value(rows, touched, key).to_pylist()
+        mask = found.to_pylist()
+        for i, at in enumerate(pc.indices_nonzero(with_raw).to_pylist()):
+            mask[at] = exact[i]
+        return pa.array(mask, pa.bool_())
+    return _touched_rows_by_value(previous, touched, key)
+
+
+def _touched_rows_by_value(previous: pa.Table, touched: set[Any], key: list[str]) -> pa.Array[Any]:
+    values = [previous.column(k).to_pylist() for k in key]
+    untyped: list[Any] = previous.column("_untyped").to_pylist()
+    mask = []
+    for i in range(previous.num_rows):
+        raw = dict(untyped[i]) if untyped[i] is not None else {}
+        mask.append(tuple(_hashable(v[i]) for v in values) + tuple(raw.get(n) for n in key) in touched)
+    return pa.array(mask, pa.bool_())
 
 
 def _keyed(changes: _Changes | None, rows: list[dict[str, Any]], columns: Sequence[StateColumn],

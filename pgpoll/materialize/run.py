@@ -55,6 +55,7 @@ from pgpoll.materialize.driver_run import (
     parquet_files,
     read_parquet_files,
     requested_engine,
+    small_files,
     write_state_file,
 )
 from pgpoll.materialize.snapshot_input import SnapshotCatalog
@@ -388,9 +389,14 @@ class Materializer:
         self.pins[name] = seq
         return rows
 
-    def previous_arrow(self, name: str) -> Any:
-        """The previous state of one table as an Arrow table read in the driver (a local DEST)."""
-        return read_parquet_files(parquet_files(local_path(self.dest.path(name)) or ""))
+    def driver_previous(self, name: str, events: Any, key: list[str], columns: list[StateColumn],
+                        schema: Any) -> tuple[Any, str | None]:
+        """The previous state of one table as an Arrow table read in the driver (a local DEST), or why it is
+        left to Spark (too large to hold in the driver)."""
+        files = parquet_files(local_path(self.dest.path(name)) or "")
+        if self.engine != "driver" and not small_files(files):
+            return None, "the previous state is large"
+        return read_parquet_files(files), None
 
 
 def run_materialize(

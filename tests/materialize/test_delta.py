@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from deltalake import DeltaTable
 
 from pgpoll.cli.main import cli
-from pgpoll.materialize import delta_files, delta_state
+from pgpoll.materialize import delta_files, delta_state, driver_run
 from pgpoll.materialize.delta_table import DeltaStateTable
 from pgpoll.materialize.dest_lease import LEASE_FILE, DestLease
 from pgpoll.sink.local_fs import open_local
@@ -223,11 +223,17 @@ def _ranges(table: Path, version: int) -> dict[str, tuple[int, int]]:
     return {p: (lo, hi) for p, lo, hi in zip(*(adds.column(c).to_pylist() for c in ("path", "min.id", "max.id")), strict=True)}
 
 
+@pytest.mark.parametrize("engine", ["spark", "driver"])
 def test_an_incremental_run_rewrites_only_the_files_holding_changed_keys(
-    db: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    db: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
+    """With Spark, and in the driver: few changes on a state too large to hold whole (here: over 500 rows)."""
     monkeypatch.setattr(delta_files, "TARGET_ROWS", 100)  # files of 100 rows: 1,000 rows make ten
-    monkeypatch.setenv("PGPOLL_MATERIALIZE_ENGINE", "spark")  # Spark's layout (a table this small is one file in the driver)
+    if engine == "spark":
+        monkeypatch.setenv("PGPOLL_MATERIALIZE_ENGINE", "spark")
+    else:  # the first build (1,000 changes) goes to Spark; the incremental run's 98 changes to the driver
+        monkeypatch.setattr(driver_run, "DRIVER_ROWS", 500)
+        monkeypatch.setattr(delta_state, "DRIVER_ROWS", 500)
     ingest_args, out, table = _setup(db, tmp_path)
     db.execute("INSERT INTO t SELECT i, 'r' || i, i, NULL FROM generate_series(1, 1000) i")
     assert ingest(db.dsn, *ingest_args).exit_code == 0
@@ -249,6 +255,7 @@ def test_an_incremental_run_rewrites_only_the_files_holding_changed_keys(
     assert len(holding) == 2  # the files of 201-300 and 901-1000
     assert code == 0 and (tables[0]["mode"], tables[0]["version"]) == ("incremental", 1), err
     assert tables[0]["files"]["rewritten"] == 2 and tables[0]["files"]["kept"] == 8, tables[0]
+    assert tables[0]["engine"] == engine
     assert {a["remove"]["path"] for a in _log(table, 1) if "remove" in a} == holding
     second = _ranges(table, 1)
     assert {p: r for p, r in second.items() if p in first} == {p: r for p, r in first.items() if p not in holding}
