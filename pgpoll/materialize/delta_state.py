@@ -44,7 +44,14 @@ from pgpoll.materialize.delta_names import delta_schema_names, encode_arrow_sche
 from pgpoll.materialize.delta_table import DataFile, DeltaStateTable, PinnedVersion, app_id, delta_uri, footer_files
 from pgpoll.materialize.driver_files import comparable_key, files_refusal, touched_files
 from pgpoll.materialize.driver_run import arrow_stat_columns, read_parquet_files, sorted_on, write_state_file
-from pgpoll.materialize.driver_state import DRIVER_AFFECTED_ROWS, DRIVER_BYTES, DRIVER_ROWS, same_type, touched_key_values
+from pgpoll.materialize.driver_state import (
+    DRIVER_AFFECTED_BYTES,
+    DRIVER_AFFECTED_ROWS,
+    DRIVER_BYTES,
+    DRIVER_ROWS,
+    same_type,
+    touched_key_values,
+)
 from pgpoll.materialize.run import STATE_FILE, MaterializeOptions, Materializer, TableState, _align
 from pgpoll.materialize.state import StateColumn
 from pgpoll.sink import layout
@@ -279,7 +286,8 @@ class DeltaMaterializer(Materializer):
         if why is None and touched is None:
             why = "too many key comparisons"
         affected = tuple(f for f in pinned.stats if touched is not None and f.path in touched)
-        if why is None and sum(f.records for f in affected) > DRIVER_AFFECTED_ROWS:
+        if why is None and (sum(f.records for f in affected) > DRIVER_AFFECTED_ROWS
+                            or sum(f.size for f in affected) > DRIVER_AFFECTED_BYTES):
             why = "the changes touch a large part of the state"
         if why is not None:
             return None, f"{why} (a large Delta state)"

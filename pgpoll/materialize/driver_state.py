@@ -44,8 +44,10 @@ from pgpoll.materialize.state import StateColumn
 DRIVER_ROWS = 100_000
 #: The most bytes of Parquet (the changes read, and the previous state) a table's run reads into the driver.
 DRIVER_BYTES = 32 << 20
-#: The most rows of a large Delta state's files an incremental run in the driver rewrites.
-DRIVER_AFFECTED_ROWS = 600_000
+#: The most rows, and bytes of Parquet, of a large Delta state's files an incremental run in the driver
+#: rewrites (only the rows at touched keys go through Python; the rest stay Arrow: a few hundred MB at most).
+DRIVER_AFFECTED_ROWS = 4_000_000
+DRIVER_AFFECTED_BYTES = 128 << 20
 
 _BEFORE = "_before."
 _NAN = ("__pgpoll_nan__",)

@@ -223,17 +223,21 @@ def _ranges(table: Path, version: int) -> dict[str, tuple[int, int]]:
     return {p: (lo, hi) for p, lo, hi in zip(*(adds.column(c).to_pylist() for c in ("path", "min.id", "max.id")), strict=True)}
 
 
-@pytest.mark.parametrize("engine", ["spark", "driver"])
+@pytest.mark.parametrize("case", ["spark", "driver", "driver bound"])
 def test_an_incremental_run_rewrites_only_the_files_holding_changed_keys(
-    db: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+    db: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
-    """With Spark, and in the driver: few changes on a state too large to hold whole (here: over 500 rows)."""
+    """With Spark, and in the driver: few changes on a state too large to hold whole (here: over 500 rows);
+    files to rewrite over the driver's bound (here: 1 byte) go to Spark."""
     monkeypatch.setattr(delta_files, "TARGET_ROWS", 100)  # files of 100 rows: 1,000 rows make ten
-    if engine == "spark":
+    engine = "driver" if case == "driver" else "spark"
+    if case == "spark":
         monkeypatch.setenv("PGPOLL_MATERIALIZE_ENGINE", "spark")
     else:  # the first build (1,000 changes) goes to Spark; the incremental run's 98 changes to the driver
         monkeypatch.setattr(driver_run, "DRIVER_ROWS", 500)
         monkeypatch.setattr(delta_state, "DRIVER_ROWS", 500)
+        if case == "driver bound":
+            monkeypatch.setattr(delta_state, "DRIVER_AFFECTED_BYTES", 1)
     ingest_args, out, table = _setup(db, tmp_path)
     db.execute("INSERT INTO t SELECT i, 'r' || i, i, NULL FROM generate_series(1, 1000) i")
     assert ingest(db.dsn, *ingest_args).exit_code == 0
