@@ -42,7 +42,7 @@ from pgpoll.materialize.change_summary import identity_segments, replay_key
 from pgpoll.materialize.delta_files import TARGET_ROWS, PartialPlan, laid_out, refusal, scan_changes, schema_shape, write_options
 from pgpoll.materialize.delta_names import delta_schema_names, encode_arrow_schema, logical_stats, physical_names
 from pgpoll.materialize.delta_table import DataFile, DeltaStateTable, PinnedVersion, app_id, delta_uri, footer_files
-from pgpoll.materialize.driver_files import comparable_key, files_refusal, touched_files
+from pgpoll.materialize.driver_files import comparable_key, touched_files
 from pgpoll.materialize.driver_run import arrow_stat_columns, read_parquet_files, sorted_on, write_state_file
 from pgpoll.materialize.driver_state import (
     DRIVER_AFFECTED_BYTES,
@@ -271,17 +271,16 @@ class DeltaMaterializer(Materializer):
         if self.engine == "driver" or (known and min(known) >= 0 and sum(known) <= DRIVER_ROWS
                                        and sum(f.size for f in pinned.stats) <= DRIVER_BYTES):
             return self._files_arrow(name, pinned.files), None
+        if events is None:
+            return None, "no new changes (a large Delta state)"
         meta = pinned.meta or {}
         previous_key = replay_key(self.store.load(meta["schema_id"])) if isinstance(meta.get("schema_id"), str) else []
-        why = files_refusal(pinned.stats, key, previous_key)
-        if why is None and events is None:
-            why = "no new changes"
-        if why is None and pc.any(pc.equal(events.column("_op"), pa.scalar("T"))).as_py():
-            why = "a TRUNCATE"
+        truncated = bool(pc.any(pc.equal(events.column("_op"), pa.scalar("T"))).as_py())
+        same_schema = not pinned.stats or self._same_layout(name, pinned.stats[0].path, schema)
+        # (the replica identity cannot have changed: driver_run leaves such changes to Spark)
+        why = refusal(pinned.stats, key, previous_key, truncated=truncated, identity_changes=False, same_schema=same_schema)
         if why is None and not comparable_key(schema, key):
             why = "a key compared by Spark's rules (not an integer or a string)"
-        if why is None and not self._same_layout(name, pinned.stats[0].path, schema):
-            why = "the schema changed"
         touched = touched_files(pinned.stats, key, touched_key_values(events, columns, key)) if why is None else None
         if why is None and touched is None:
             why = "too many key comparisons"
@@ -297,10 +296,13 @@ class DeltaMaterializer(Materializer):
         table = self._files_arrow(name, [f.path for f in affected])
         return (table if table is not None else schema.empty_table()), None
 
+    def _local(self, name: str, path: str) -> str:
+        """The local path of a file of the table's log (absolute, or relative to the table)."""
+        return path if path.startswith("/") else local_path(self.dest.path(name, path)) or ""
+
     def _files_arrow(self, name: str, files: Sequence[str]) -> Any:
         """Files of the table read with pyarrow, with the columns' PostgreSQL names (None: no file)."""
-        paths = [f if f.startswith("/") else local_path(self.dest.path(name, f)) or "" for f in files]
-        table = read_parquet_files(paths)
+        table = read_parquet_files([self._local(name, f) for f in files])
         if table is None:
             return None
         names = self._names.get(name, {})
@@ -310,8 +312,7 @@ class DeltaMaterializer(Materializer):
         """Whether a pinned file's columns are the new state's (files kept beside new ones must read alike)."""
         import pyarrow.parquet as pq
 
-        local = path if path.startswith("/") else local_path(self.dest.path(name, path)) or ""
-        stored = pq.read_schema(local)
+        stored = pq.read_schema(self._local(name, path))
         names = self._names.get(name, {})
         return [names.get(n, n) for n in stored.names] == schema.names and all(
             same_type(f.type, schema.field(names.get(f.name, f.name)).type) for f in stored)

@@ -11,10 +11,11 @@ rewritten. Only the files that may hold a touched key are read and
 rewritten (:mod:`pgpoll.materialize.driver_state` replays the changes over
 their rows); the others stay in the new version untouched.
 
-Kept to what compares in Python exactly as in Spark: key columns of integer
-and string types (UTF-8 byte order is code point order). Anything else —
-dates, a key Delta has no statistics for, more than :data:`MAX_COMPARISONS`
-file-by-key comparisons for a composite key — goes to Spark.
+Whether the choice is exact at all is :func:`pgpoll.materialize.delta_files.refusal`'s
+question, as for Spark. Kept to what compares in Python exactly as in Spark:
+key columns of integer and string types (UTF-8 byte order is code point
+order). Anything else — dates, more than :data:`MAX_COMPARISONS` file-by-key
+comparisons for a composite key — goes to Spark.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pgpoll.materialize.delta_files import always_rewritten, has_key_stats
+from pgpoll.materialize.delta_files import always_rewritten
 from pgpoll.materialize.delta_table import DataFile
 
 #: The most comparisons of touched keys with file ranges for a composite key (a single column is bisected).
@@ -35,19 +36,6 @@ MAX_COMPARISONS = 5_000_000
 def comparable_key(schema: pa.Schema, key: Sequence[str]) -> bool:
     """Whether every key column is an integer or a string (their order in Delta's statistics is Python's)."""
     return all(pa.types.is_integer(schema.field(k).type) or pa.types.is_string(schema.field(k).type) for k in key)
-
-
-def files_refusal(files: Sequence[DataFile], key: Sequence[str], previous_key: Sequence[str]) -> str | None:
-    """Why the files of the pinned version cannot be chosen by key (None: they can)."""
-    if not key:
-        return "the table has no key"
-    if list(previous_key) != list(key):
-        return "the previous state was written for another key"
-    if not files:
-        return "the previous version has no file"
-    if any(not has_key_stats(f, key) for f in files):
-        return "a file without statistics for the key"
-    return None
 
 
 def touched_files(files: Sequence[DataFile], key: Sequence[str], keys: set[tuple[Any, ...]]) -> set[str] | None:

@@ -273,14 +273,13 @@ def _touched_keys(changes: _Changes | None, columns: Sequence[StateColumn], key:
 def touched_key_values(events: pa.Table, columns: Sequence[StateColumn], key: list[str]) -> set[tuple[Any, ...]]:
     """The typed key values every INSERT, UPDATE and DELETE puts a row at or takes one from (for choosing
     files by their key ranges: raw texts aside, a key the typed column cannot hold is null there)."""
-    changes, _ = _changes(events, columns)
-    names = [c.name for c in columns]
-    at = [names.index(k) for k in key]
+    by_name = {c.name: c for c in columns}
+    changes, _ = _changes(events, [by_name[k] for k in key])  # only the key columns' values become Python
     out: set[tuple[Any, ...]] = set()
     for i in changes.order:
-        out.add(tuple(changes.new[j][i] for j in at))
+        out.add(tuple(values[i] for values in changes.new))
         if changes.has_old[i]:
-            out.add(tuple(changes.old[j][i] for j in at))
+            out.add(tuple(values[i] for values in changes.old))
     return out
 
 

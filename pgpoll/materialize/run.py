@@ -320,8 +320,8 @@ class Materializer:
         return ComputedState(described, key, warnings, result.unresolved_toast, frame=result.frame)
 
     def describe(self, parsed: tuple[str, str], summary: ChangeSummary, marker: dict[str, Any] | None,
-                  floor: tuple[tuple[int, int], TableSchema] | None, shape: TableSchema | None,
-                  ) -> tuple[TableSchema, list[StateColumn], list[str], list[str]]:
+                 floor: tuple[tuple[int, int], TableSchema] | None, shape: TableSchema | None,
+                 ) -> tuple[TableSchema, list[StateColumn], list[str], list[str]]:
         """The state's shape from the changes' newest one: its description, columns, key (state names) and the
         warnings it calls for (no key, columns added since the previous state)."""
         qualified = f"{parsed[0]}.{parsed[1]}"

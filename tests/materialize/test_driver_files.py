@@ -7,7 +7,7 @@ import pytest
 
 from pgpoll.materialize import driver_files
 from pgpoll.materialize.delta_table import DataFile
-from pgpoll.materialize.driver_files import comparable_key, files_refusal, touched_files
+from pgpoll.materialize.driver_files import comparable_key, touched_files
 
 
 def _file(path: str, lo: tuple[int | str, ...], hi: tuple[int | str, ...], *, records: int = 10,
@@ -45,12 +45,6 @@ def test_too_many_comparisons_for_a_composite_key_leave_the_choice_to_spark(monk
     assert driver_files.touched_files(files, ["k0", "k1"], {(1, "b"), (2, "c")}) == {"1", "2"}
 
 
-def test_the_refusals_and_the_key_types_compared_in_python() -> None:
-    files = [_file("a", (1,), (5,))]
-    assert files_refusal(files, [], []) == "the table has no key"
-    assert files_refusal(files, ["k0"], ["other"]) == "the previous state was written for another key"
-    assert files_refusal([], ["k0"], ["k0"]) == "the previous version has no file"
-    assert files_refusal([DataFile("x", 1, 5)], ["k0"], ["k0"]) == "a file without statistics for the key"
-    assert files_refusal(files, ["k0"], ["k0"]) is None
+def test_the_key_types_compared_in_python() -> None:
     schema = pa.schema([("i", pa.int64()), ("s", pa.string()), ("d", pa.date32()), ("f", pa.float64())])
     assert comparable_key(schema, ["i", "s"]) and not comparable_key(schema, ["d"]) and not comparable_key(schema, ["f"])
