@@ -41,6 +41,7 @@ class HadoopOutputFs:
         self.scheme: str = str(self._fs.getScheme()).lower()
         self.fenced: bool = self.scheme in FENCED_SCHEMES
         self.atomic_dir_rename: bool = self.scheme in ATOMIC_RENAME_SCHEMES
+        self.direct_writes = False
 
     def path(self, *parts: str) -> str:
         """``root/part/part`` as a string."""
@@ -146,6 +147,36 @@ class HadoopOutputFs:
             if self.exists(tmp_path):
                 self.delete(tmp_path)
         return bool(ok)
+
+    def read_tagged(self, path: str) -> tuple[str, str] | None:
+        """``(content, hash of the content)`` (None when absent)."""
+        from pgpoll.sink.local_fs import content_tag
+
+        if not self.exists(path):
+            return None
+        text = self.read_text(path)
+        return text, content_tag(text)
+
+    def swap(self, path: str, text: str, tag: str) -> bool:
+        """Best effort compare-and-swap (a read, then a replace: Hadoop has no conditional write)."""
+        current = self.read_tagged(path)
+        if current is None or current[1] != tag:
+            return False
+        self.write_text(path, text)
+        return True
+
+    def arrow(self) -> Any:
+        """Not available: pyarrow does not reach Hadoop's filesystems through the JVM."""
+        raise SinkError(f"pgpoll cannot read {self.root} with pyarrow", "use a local path or an object-store URI")
+
+    def arrow_path(self, path: str) -> str:
+        """Paths as Hadoop names them."""
+        return path
+
+    def put_file(self, local: str, path: str) -> int:
+        """Copy a local file into the output (Hadoop's ``copyFromLocalFile``)."""
+        self._call("write", path, lambda: self._fs.copyFromLocalFile(False, True, self._p(local), self._p(path)))
+        return int(self._call("check", path, lambda: self._fs.getFileStatus(self._p(path)).getLen()))
 
     def _call(self, what: str, path: str, fn: Callable[[], T]) -> T:
         try:

@@ -1,17 +1,18 @@
-"""The output filesystem without a JVM: the OS for local paths, ``pyarrow.fs`` for other URIs.
+"""The output filesystem on a local disk (the OS), and ``pyarrow.fs`` for URIs Hadoop would otherwise open.
 
-``pgpoll status`` and monitors read the commit log in a fraction of a second
-this way, and the unit tests exercise publishing, recovery and the fence
-against a real local filesystem with no Spark. Local paths and ``file:``
-URIs support everything, fenced (:func:`create_exclusive_local`). Other URIs
-work as far as ``pyarrow.fs`` supports them (``s3://`` — an ``s3a://`` URI is
-read as ``s3://`` —, ``gs://``, ``hdfs://`` where libhdfs is installed) and
-are never fenced from here.
+Local paths and ``file:`` URIs support everything, fenced
+(:func:`create_exclusive_local`), with an atomic compare-and-swap of small
+files (:meth:`LocalOutputFs.swap`, under a lock on their directory). Other
+URIs without a SparkSession (``hdfs://`` where libhdfs is installed) work as
+far as ``pyarrow.fs`` supports them and are never fenced from here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
+import hashlib
 import os
 import shutil
 import uuid
@@ -24,9 +25,11 @@ from pgpoll.errors import SinkError, first_line
 from pgpoll.sink.local_files import create_exclusive_local, local_path
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import pyarrow.fs as pafs
 
-    from pgpoll.sink.filesystem import OutputFs
+    from pgpoll.sink.output_fs import OutputFs
 
 T = TypeVar("T")
 
@@ -37,6 +40,23 @@ def open_local(output: str) -> OutputFs:
     if local is not None:
         return LocalOutputFs(local)
     return ArrowOutputFs(output)
+
+
+def content_tag(text: str, extra: str = "") -> str:
+    """The tag :meth:`OutputFs.read_tagged` gives a file with this content (where the store has no ETag)."""
+    return hashlib.sha256((extra + "\0" + text).encode("utf-8")).hexdigest()[:32]
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory`` (other pgpoll processes on this host wait for it)."""
+    os.makedirs(directory, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _os_call(what: str, path: str, fn: Callable[[], T]) -> T:
@@ -52,6 +72,7 @@ class LocalOutputFs:
     scheme = "file"
     fenced = True
     atomic_dir_rename = True
+    direct_writes = False
 
     def __init__(self, root: str) -> None:
         self.root = str(Path(root).expanduser().resolve())
@@ -134,12 +155,59 @@ class LocalOutputFs:
         """Atomic create-if-absent (see :func:`pgpoll.sink.filesystem.create_exclusive_local`)."""
         return create_exclusive_local(path, text)
 
+    def _tagged(self, path: str) -> tuple[str, str] | None:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                stat = os.fstat(handle.fileno())
+                text = handle.read()
+        except FileNotFoundError:
+            return None
+        return text, content_tag(text, f"{stat.st_ino}:{stat.st_mtime_ns}")
+
+    def read_tagged(self, path: str) -> tuple[str, str] | None:
+        """``(content, tag)``; the tag covers the content and the file's identity (every replace is a new file)."""
+        return _os_call("read", path, lambda: self._tagged(path))
+
+    def swap(self, path: str, text: str, tag: str) -> bool:
+        """Compare-and-swap under an exclusive lock on the file's directory (every writer takes it)."""
+
+        def swap() -> bool:
+            with _directory_lock(os.path.dirname(path)):
+                current = self._tagged(path)
+                if current is None or current[1] != tag:
+                    return False
+                self.write_text(path, text)
+                return True
+
+        return _os_call("replace", path, swap)
+
+    def arrow(self) -> pafs.FileSystem:
+        """pyarrow's local filesystem."""
+        import pyarrow.fs as pafs
+
+        return pafs.LocalFileSystem()
+
+    def arrow_path(self, path: str) -> str:
+        """The OS path itself."""
+        return path
+
+    def put_file(self, local: str, path: str) -> int:
+        """Copy a local file into the output."""
+
+        def copy() -> int:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            shutil.copyfile(local, path)
+            return os.path.getsize(path)
+
+        return _os_call("write", path, copy)
+
 
 class ArrowOutputFs:
     """An output on any store ``pyarrow.fs`` opens (never fenced from here)."""
 
     fenced = False
     atomic_dir_rename = False
+    direct_writes = False
 
     def __init__(self, output: str) -> None:
         import pyarrow.fs as pafs  # imported here: only status and monitors on remote outputs need it
@@ -229,3 +297,31 @@ class ArrowOutputFs:
             return False
         self.write_text(path, text)
         return True
+
+    def read_tagged(self, path: str) -> tuple[str, str] | None:
+        """``(content, hash of the content)`` (None when absent)."""
+        if not self.exists(path):
+            return None
+        text = self.read_text(path)
+        return text, content_tag(text)
+
+    def swap(self, path: str, text: str, tag: str) -> bool:
+        """Best effort compare-and-swap (a read, then a write: not atomic here)."""
+        current = self.read_tagged(path)
+        if current is None or current[1] != tag:
+            return False
+        self.write_text(path, text)
+        return True
+
+    def arrow(self) -> pafs.FileSystem:
+        """The ``pyarrow.fs`` filesystem itself."""
+        return self._fs
+
+    def arrow_path(self, path: str) -> str:
+        """Paths are already the filesystem's."""
+        return path
+
+    def put_file(self, local: str, path: str) -> int:
+        """Copy a local file into the output."""
+        self._call("write", path, lambda: self._pafs.copy_files(local, path, destination_filesystem=self._fs))
+        return int(self._info(path).size or 0)

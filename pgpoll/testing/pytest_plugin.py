@@ -17,6 +17,12 @@ Fixtures
                 (:class:`pgpoll.testing.pgbouncer.PgBouncer`), started once per mode; the
                 test skips, saying why, only where pgbouncer is not installed.
 ``pooled_dsn``  the DSN of the ``db`` database through ``pgbouncer`` (no password: trust).
+``s3_bucket``   an empty prefix in a real S3 store (SeaweedFS, started once per session on
+                loopback), with its ``AWS_*`` variables set in ``os.environ`` for the test
+                (:mod:`pgpoll.testing.object_stores`).
+``store_kind``  ``"seaweedfs"``, ``"moto"`` and ``"azurite"``: a test using ``store_bucket`` runs
+                against each (ids the same); Azurite skips, saying why, where it is not installed.
+``store_bucket`` an empty prefix in the ``store_kind`` store, its variables set like ``s3_bucket``'s.
 
 Versions: ``PGPOLL_TEST_PG=15,16,17,18`` (default: 15 when installed, else the
 newest found). Servers start lazily, once per session, and are stopped at the
@@ -37,6 +43,7 @@ import psycopg2
 import pytest
 
 from pgpoll.testing.cluster import Installation, ThrowawayCluster, find_bindirs
+from pgpoll.testing.object_stores import Azurite, MotoServer, SeaweedFs, StoreBucket, find_azurite
 from pgpoll.testing.pgbouncer import POOL_MODES, PgBouncer, find_pgbouncer
 
 
@@ -235,6 +242,8 @@ def _drop_db(db: TestDatabase) -> None:
 
 _POOL: ServerPool | None = None
 _BOUNCERS: dict[tuple[int, str], PgBouncer] = {}
+_STORES: dict[str, Any] = {}
+STORE_KINDS = ("seaweedfs", "moto", "azurite")
 
 
 def _pool() -> ServerPool:
@@ -254,6 +263,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for bouncer in _BOUNCERS.values():
         bouncer.stop()
     _BOUNCERS.clear()
+    for server in _STORES.values():
+        server.stop()
+    _STORES.clear()
     if _POOL is not None:
         _POOL.stop_all()
 
@@ -340,3 +352,40 @@ def pgbouncer(pg_server: Any, pool_mode: str) -> PgBouncer:
 def pooled_dsn(db: TestDatabase, pgbouncer: PgBouncer) -> str:
     """The DSN of the test's database through PgBouncer."""
     return pgbouncer.dsn(db.name)
+
+
+def store_server(kind: str) -> Any:
+    """The session's test store of ``kind`` (started on first use, stopped at the session's end)."""
+    if kind not in _STORES:
+        if kind == "azurite" and find_azurite() is None:
+            pytest.skip("Azurite is not installed (npm install -g azurite@3; .ci/run installs it)")
+        server: Any = {"seaweedfs": SeaweedFs, "moto": MotoServer, "azurite": Azurite}[kind]()
+        _STORES[kind] = server.start()
+    return _STORES[kind]
+
+
+def _bucket_in_env(bucket: StoreBucket, monkeypatch: pytest.MonkeyPatch) -> StoreBucket:
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "AZURE_", "GOOGLE_", "AZURITE_")):
+            monkeypatch.delenv(name)
+    for name, value in bucket.env.items():
+        monkeypatch.setenv(name, value)
+    return bucket
+
+
+@pytest.fixture
+def s3_bucket(monkeypatch: pytest.MonkeyPatch) -> StoreBucket:
+    """An empty prefix in the session's SeaweedFS, its ``AWS_*`` variables set for the test."""
+    return _bucket_in_env(store_server("seaweedfs").bucket(), monkeypatch)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """Each object store of the suite in turn (SeaweedFS, moto, Azurite)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def store_bucket(store_kind: str, monkeypatch: pytest.MonkeyPatch) -> StoreBucket:
+    """An empty prefix in the ``store_kind`` store, its variables set for the test."""
+    return _bucket_in_env(store_server(store_kind).bucket(), monkeypatch)

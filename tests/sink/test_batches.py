@@ -1,4 +1,4 @@
-"""Publishing and recovery of batches on a real local filesystem through Spark's Hadoop FileSystem."""
+"""Publishing and recovery of batches through Spark's Hadoop FileSystem (what ``hdfs:`` outputs use), on a local disk."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ from pgpoll.sink.commit_log import CommitLog, record_name
 from pgpoll.sink.hadoop_fs import HadoopOutputFs
 
 
+def _hadoop_sink(spark: Any, root: Path, run: str | None = None) -> BatchSink:
+    """A sink on ``root`` through Hadoop's filesystem (a local output would get the OS's)."""
+    return BatchSink(spark, str(root), fs=HadoopOutputFs(spark, str(root)), run=run)
+
+
 def _stage(spark: Any, plan: Plan, rows: int) -> None:
     spark.range(rows).selectExpr("id AS commit_lsn").coalesce(1).write.parquet(plan.staging)
 
@@ -24,7 +29,7 @@ def _local(path: str) -> Path:
 
 
 def test_publish_moves_the_batch_into_place_and_records_it(spark: Any, tmp_path: Path) -> None:
-    sink = BatchSink(spark, str(tmp_path))
+    sink = _hadoop_sink(spark, tmp_path)
     assert isinstance(sink.fs, HadoopOutputFs) and sink.fs.fenced and sink.fs.scheme == "file"
     plan = sink.plan()
     _stage(spark, plan, 3)
@@ -39,14 +44,14 @@ def test_publish_moves_the_batch_into_place_and_records_it(spark: Any, tmp_path:
 
 
 def test_a_batch_without_rows_is_recorded_without_a_partition(spark: Any, tmp_path: Path) -> None:
-    sink = BatchSink(spark, str(tmp_path))
+    sink = _hadoop_sink(spark, tmp_path)
     record = sink.publish(sink.plan(), start=0x30, end=0x40, rows=0, slot="s", plugin="test_decoding")
     assert record.partition is None and not (tmp_path / "changes").exists()
     assert CommitLog(sink.fs).high_water_mark() == Lsn(0x40)
 
 
 def test_the_hadoop_compare_and_set_on_file_roots_lets_one_run_win(spark: Any, tmp_path: Path) -> None:
-    a, b = BatchSink(spark, str(tmp_path), run="a"), BatchSink(spark, str(tmp_path), run="b")
+    a, b = _hadoop_sink(spark, tmp_path, run="a"), _hadoop_sink(spark, tmp_path, run="b")
     plan_a, plan_b = a.plan(), b.plan()
     _stage(spark, plan_a, 2)
     _stage(spark, plan_b, 2)
@@ -58,8 +63,8 @@ def test_the_hadoop_compare_and_set_on_file_roots_lets_one_run_win(spark: Any, t
 
 
 def test_recovery_through_hadoop_finishes_moves_and_removes_stale_staging(spark: Any, tmp_path: Path) -> None:
-    sink = BatchSink(spark, str(tmp_path))
-    stale = BatchSink(spark, str(tmp_path)).plan()
+    sink = _hadoop_sink(spark, tmp_path)
+    stale = _hadoop_sink(spark, tmp_path).plan()
     _stage(spark, stale, 1)
     plan = sink.plan()
     _stage(spark, plan, 2)
@@ -73,7 +78,7 @@ def test_recovery_through_hadoop_finishes_moves_and_removes_stale_staging(spark:
         sink.publish(plan, start=0x100, end=0x200, rows=2, slot="s", plugin="pgoutput")
     sink.fs.rename = real  # type: ignore[method-assign]
 
-    report = BatchSink(spark, str(tmp_path)).recover()
+    report = _hadoop_sink(spark, tmp_path).recover()
 
     assert report.finished_moves == (record_name(1),) and report.removed_staging == (stale.id,)
     record = CommitLog(sink.fs).records()[0]
@@ -84,7 +89,7 @@ def test_recovery_through_hadoop_finishes_moves_and_removes_stale_staging(spark:
 
 
 def test_publishing_over_an_existing_partition_is_refused(spark: Any, tmp_path: Path) -> None:
-    sink = BatchSink(spark, str(tmp_path))
+    sink = _hadoop_sink(spark, tmp_path)
     (tmp_path / "changes" / layout.partition_name(1, 2)).mkdir(parents=True)
     plan = sink.plan()
     _stage(spark, plan, 1)
