@@ -1,20 +1,33 @@
-"""Reading pgpoll's output: every committed change exactly once.
+"""Reading pgpoll's output: every committed change exactly once, on any store.
 
-:func:`read_changes` reads only the partitions that the commit log names
-(its newest checkpoint and the records after it), so it never sees a
-partition no record names — a leftover of an older pgpoll's crash — and,
-on object stores where a move is a copy, never a batch that is still being
-moved into place.
+The committed batches are what the change log's Delta table lists (plus any
+record a crash left out of it: :func:`pgpoll.sink.change_table.committed_files`),
+so a reader never sees a staged, losing or half-uploaded batch — on an
+object store a plain listing of ``changes/lsn_range=*`` can. Files are read
+with pyarrow through pgpoll's own store client: in the tasks of a Spark job
+(:func:`read_changes`, no Hadoop connector needed) or in this process
+(:func:`read_changes_arrow`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from pgpoll.sink import layout
-from pgpoll.sink.commit_log import CommitLog
-from pgpoll.sink.envelope import SPARK_DDL
+from pgpoll.sink.change_table import TABLE_SCHEMA, committed_files
 from pgpoll.sink.filesystem import open_output
+from pgpoll.spark.arrow_files import conform
+
+
+def _files(path: str) -> tuple[Any, list[str], list[dict[str, Any]]]:
+    fs = open_output(path)
+    found = committed_files(fs)
+    paths = [fs.path(layout.CHANGES, partition, name) for partition, name, _size in found]
+    partitions = [{"lsn_range": partition.split("=", 1)[1]} for partition, _name, _size in found]
+    return fs, paths, partitions
 
 
 def read_changes(spark: Any, path: str) -> Any:
@@ -22,9 +35,19 @@ def read_changes(spark: Any, path: str) -> Any:
 
     Order by ``commit_lsn, seq`` for source order.
     """
-    fs = open_output(path, spark)
-    partitions = [p for p, _tables in CommitLog(fs).state().partitions()]
-    if not partitions:
-        return spark.createDataFrame([], SPARK_DDL + ", lsn_range string")
-    base = fs.path(layout.CHANGES)
-    return spark.read.option("basePath", base).parquet(*[f"{base}/{p}" for p in partitions])
+    from pgpoll.spark.arrow_files import files_frame
+
+    fs, paths, partitions = _files(path)
+    return files_frame(spark, fs, paths, TABLE_SCHEMA, partitions)
+
+
+def read_changes_arrow(path: str) -> pa.Table:
+    """Every committed change under ``path`` as one Arrow table (with ``lsn_range``), read in this process."""
+    fs, paths, partitions = _files(path)
+    arrow = fs.arrow()
+    batches: list[pa.RecordBatch] = []
+    for file, constant in zip(paths, partitions, strict=True):
+        for batch in pq.ParquetFile(fs.arrow_path(file), filesystem=arrow).iter_batches():
+            batch = batch.append_column("lsn_range", pa.array([constant["lsn_range"]] * batch.num_rows, pa.string()))
+            batches.append(conform(batch, TABLE_SCHEMA))
+    return pa.Table.from_batches(batches, schema=TABLE_SCHEMA)

@@ -121,15 +121,16 @@ def run_batch(
     peek from there would show only changes the output already holds.
     """
     writer = PYARROW if in_driver else choose_writer(plan.staging)
-    if writer == PYARROW:
+    if sink.fs.direct_writes:  # an object store: spilled by the task, uploaded to the final keys
+        spec = replace(spec, target=StagingTarget.uploaded(sink.fs, plan.id, sink.fs.path(layout.LEDGERS)))
+    elif writer == PYARROW:
         spec = replace(spec, target=StagingTarget.of(
             plan.staging, plan.tables_staging, sink.fs.path(layout.LEDGERS)))
     for attempt in retrying(what=f"batch {spec.batch_number}"):
         with attempt:
             if spec.high_water_mark is not None:
                 control.advance(Lsn(spec.high_water_mark))
-            sink.fs.delete(plan.staging)  # a failed attempt's leftovers (the plan file stays)
-            sink.fs.delete(plan.tables_staging)
+            sink.clear_attempt(plan)  # a failed attempt's leftovers (the plan file stays)
             acc = None if in_driver else spark.sparkContext.accumulator({}, _Outcomes())
             collected: list[BatchOutcome] = []
             work = _batch_work(spark, spec, plan, writer, acc, collected, in_driver,

@@ -11,14 +11,15 @@ LSN. A run that catches up ends with a heartbeat batch, so the slot ends past
 everything it saw. Exactly once rests on that fence, not on the lease, which
 only gives a second run its fast "busy" answer.
 
-Spark starts only when a batch needs it. For a local or ``file:`` output the
-driver reads and writes the output itself (no JVM), and a batch runs in the
-driver when Spark would be local anyway, or else when its slot is at most a
-few megabytes of WAL behind (:func:`pgpoll.ingest.batch_job.driver_batch_wal`):
-a run on a local Spark never starts a SparkSession, and under
-``spark-submit`` a scheduled run that finds little or nothing new — the usual
-case of a 5-minute schedule — starts none either. Other outputs go through
-Hadoop's filesystem, so Spark starts first.
+Spark starts only when a batch needs it. For a local, ``file:`` or object-store
+output (``s3:``, ``gs:``, ``az:``) the driver reads and writes the output
+itself (no JVM), and a batch runs in the driver when Spark would be local
+anyway, or else when its slot is at most a few megabytes of WAL behind
+(:func:`pgpoll.ingest.batch_job.driver_batch_wal`): a run on a local Spark
+never starts a SparkSession, and under ``spark-submit`` a scheduled run that
+finds little or nothing new — the usual case of a 5-minute schedule — starts
+none either. Other outputs (``hdfs:``...) go through Hadoop's filesystem, so
+Spark starts first.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from pgpoll.ingest.task import BatchSpec
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
 from pgpoll.sink.batches import BatchSink
-from pgpoll.sink.filesystem import local_path, open_output
+from pgpoll.sink.filesystem import needs_spark
 from pgpoll.sink.lease import Lease, LeaseKeeper
 from pgpoll.sink.parquet_writer import PYARROW, choose_writer
 from pgpoll.sink.typed_tables import SchemaStore, stage_typed_tables
@@ -281,18 +282,14 @@ def run_ingest(
     try:
         plugin, _info = _preflight(control, opts)
         summary.plugin = plugin
-        local = local_path(opts.output) is not None
-        if local:  # a local output's lease needs no JVM: "busy" before Spark starts
-            lease = Lease(open_output(opts.output), run=run_id, slot=opts.slot)
-            lease.acquire()  # the fast "busy" answer (exit 3 at once); correctness rests on the commit log's fence
-            keeper = LeaseKeeper(lease)
-        # a local output is read and written by the driver itself; others through Hadoop's filesystem (Spark first)
-        sink = _open_sink(None if local else sparks.get(), opts.output, run_id)
-        sink.check_writable()
-        if lease is None:  # other stores: through Hadoop's filesystem, once Spark runs
-            lease = Lease(sink.fs, run=run_id, slot=opts.slot)
-            lease.acquire()
-            keeper = LeaseKeeper(lease)
+        # local and object-store outputs are read and written by the driver itself (no JVM: "busy" before Spark
+        # starts); others through Hadoop's filesystem (Spark first)
+        own = not needs_spark(opts.output)
+        sink = _open_sink(None if own else sparks.get(), opts.output, run_id)
+        sink.check_writable()  # a wrong secret, a missing bucket, a stopped store: exit 5 in seconds, nothing written
+        lease = Lease(sink.fs, run=run_id, slot=opts.slot)
+        lease.acquire()  # the fast "busy" answer (exit 3 at once); correctness rests on the commit log's fence
+        keeper = LeaseKeeper(lease)
         report = sink.recover()
         summary.fenced = sink.fenced
         summary.recovery = report.as_json()
@@ -300,7 +297,7 @@ def run_ingest(
         options = tuple(slot_access.peek_options(plugin, publications=list(opts.publications)))
         patterns = TablePatterns(tuple(opts.tables), tuple(opts.exclude_tables))
         batches_started = time.monotonic()
-        in_reach = local and choose_writer(sink.fs.path(layout.STAGING)) == PYARROW  # the driver can write it
+        in_reach = own and choose_writer(sink.fs.path(layout.STAGING)) == PYARROW  # the driver can write it
         small_wal = driver_batch_wal(local_master_expected(spark)) if in_reach else 0
         heartbeat_sent = False  # a run that catches up ends with a heartbeat batch (see below)
         stats: dict[str, Any] | None = None
@@ -363,7 +360,7 @@ def run_ingest(
                 plan, start=start, end=outcome.advance_to, rows=outcome.changes, slot=opts.slot, plugin=plugin,
                 last_commit_ts=outcome.last_commit_ts, first_commit_ts=outcome.first_commit_ts, tables=typed,
                 table_stats=stats if heartbeat_sent and caught_up else None, publications=opts.publications,
-                xid_min=outcome.xid_min, xid_max=outcome.xid_max,
+                xid_min=outcome.xid_min, xid_max=outcome.xid_max, uploaded=outcome.uploaded,
             )  # FenceLostError (exit 3) when another run published this record number first
             faults.crash_if("after-commit-log", fault)
             control.advance(Lsn(outcome.advance_to))

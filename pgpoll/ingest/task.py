@@ -50,6 +50,7 @@ from pgpoll.sink.parquet_writer import (
     WriterThread,
     clear_directory,
 )
+from pgpoll.sink.uploads import UploadedBatch
 from pgpoll.source.arrow_peek import PSYCOPG2
 from pgpoll.table_patterns import TablePatterns
 
@@ -108,6 +109,7 @@ class BatchOutcome:
     #: pyarrow writer with typed tables: {table dir: {file: size}} written in the task (None: not written yet)
     typed_files: dict[str, dict[str, int]] | None = None
     ledgers: dict[str, dict[str, Any]] = field(default_factory=dict)  # table dir -> changed column ledger
+    uploaded: UploadedBatch | None = None  # an object store's batch: the files put at their final keys
 
 
 #: Peeked rows decoded together: runs of Inserts within a chunk are decoded column-wise.
@@ -327,28 +329,58 @@ def _write_typed(writers: TypedTableWriters, batches: list[pa.RecordBatch]) -> N
 def write_batch(spec: BatchSpec, outcome: BatchOutcome, stopped: Callable[[], bool] | None = None) -> None:
     """Run :func:`iter_batch` and write its record batches to ``spec.target`` with pyarrow; fills ``outcome``.
 
-    The envelope goes to ``target.envelope`` as it is produced (one row group
-    per record batch, written on a :class:`WriterThread` that overlaps with
-    decoding; at most a few batches in memory); with ``spec.typed_tables`` each
-    table's typed rows go under ``target.tables`` in the same pass, converted
-    and written on a second thread. A write
-    error is reported in ``outcome.error``; the driver discards the staging.
+    A local output's batch is written into its staging directory; an object
+    store's into a spill directory of this process, then uploaded to its
+    final keys under the plan's upload manifest (:mod:`pgpoll.sink.uploads`;
+    ``outcome.uploaded`` lists the files). A write error is reported in
+    ``outcome.error``; the driver discards the staging (and uploads).
     """
+    target = spec.target
+    assert target is not None
+    if target.upload is None:
+        assert target.envelope is not None
+        _write_files(spec, outcome, target.envelope, target.tables if spec.typed_tables else None, stopped)
+        return
+    import shutil
+    import tempfile
+
+    from pgpoll.sink import layout
+    from pgpoll.sink.uploads import upload_batch
+
+    spill = tempfile.mkdtemp(prefix="pgpoll-batch-")
+    try:
+        envelope_dir, tables_dir = f"{spill}/envelope", f"{spill}/tables" if spec.typed_tables else None
+        _write_files(spec, outcome, envelope_dir, tables_dir, stopped)
+        if outcome.error is None and outcome.changes and outcome.advance_to is not None and target.fs is not None:
+            start = outcome.first_commit_lsn if outcome.first_commit_lsn is not None else outcome.advance_to
+            try:
+                outcome.uploaded = upload_batch(target.fs, target.upload, envelope_dir, tables_dir,
+                                                layout.partition_name(start, outcome.advance_to))
+            except PgpollError as exc:
+                outcome.error = exc
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
+
+
+def _write_files(spec: BatchSpec, outcome: BatchOutcome, envelope_dir: str, typed_dir: str | None,
+                 stopped: Callable[[], bool] | None) -> None:
+    """Write the batch into local directories: the envelope into ``envelope_dir`` as it is produced (one row
+    group per record batch, written on a :class:`WriterThread` that overlaps with decoding; at most a few
+    batches in memory), each table's typed rows under ``typed_dir`` in the same pass, on a second thread."""
     from pgpoll.sink.typed_tables import TypedTableWriters
 
     target = spec.target
     assert target is not None
-    typed_dir = target.tables if spec.typed_tables else None
     holder: list[TypedTableWriters] = []
 
     def ready(asm: BatchAssembler) -> None:
         if typed_dir is not None:
-            holder.append(TypedTableWriters(typed_dir, target.ledgers, asm.schemas))
+            holder.append(TypedTableWriters(typed_dir, target.ledgers, asm.schemas, target.fs))
 
-    clear_directory(target.envelope)  # an earlier attempt of this task (the driver clears before each batch)
+    clear_directory(envelope_dir)  # an earlier attempt of this task (the driver clears before each batch)
     if typed_dir is not None:
         clear_directory(typed_dir)
-    envelope = PartFiles(target.envelope, dictionary=ENVELOPE_DICTIONARY)
+    envelope = PartFiles(envelope_dir, dictionary=ENVELOPE_DICTIONARY)
     writes = WriterThread()
     typed_writes = WriterThread() if typed_dir is not None else None  # its own thread: both overlap decoding
 

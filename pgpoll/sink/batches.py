@@ -19,6 +19,11 @@ readers see a batch only once it is committed. Every batch's high-water mark
 is the one of the record it was planned on (``plan.high_water_mark``): the
 batch task must skip changes at or below it.
 
+On an object store (``fs.direct_writes``) nothing is moved: the task
+uploaded the files to their final keys, under an upload manifest, before the
+record (:mod:`pgpoll.sink.uploads`), and ``publish`` gets them from the
+task's outcome; the record says ``in_place``. A loser deletes its uploads.
+
 On a store without atomic create-if-absent (``fs.fenced`` is False) the same
 steps run, best effort: the lease (:mod:`pgpoll.sink.lease`) is then the only
 guard, and the run summary says ``"fenced": false``.
@@ -37,9 +42,11 @@ from typing import Any
 from pgpoll.errors import FenceLostError, SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
-from pgpoll.sink.commit_log import CHECKPOINT_EVERY, VERSION, CommitLog, CommitRecord
+from pgpoll.sink.change_table import ChangeTable
+from pgpoll.sink.commit_log import CHECKPOINT_EVERY, VERSION, CommitLog, CommitRecord, LogState
 from pgpoll.sink.filesystem import OutputFs, open_output
 from pgpoll.sink.recovery import RecoveryReport, finish_moves, recover, remove_staging
+from pgpoll.sink.uploads import UploadedBatch, remove_uploads
 
 log = logging.getLogger("pgpoll.sink")
 
@@ -78,6 +85,7 @@ class BatchSink:
     def __init__(self, spark: Any, output: str, *, fs: OutputFs | None = None, run: str | None = None) -> None:
         self.fs: OutputFs = fs if fs is not None else open_output(output, spark)
         self.log = CommitLog(self.fs)
+        self.changes = ChangeTable(self.fs)
         self.run = run or uuid.uuid4().hex
         self.last_recovery: RecoveryReport | None = None
         self._plans: dict[str, Plan] = {}
@@ -93,15 +101,25 @@ class BatchSink:
         return self.fs.fenced
 
     def check_writable(self) -> None:
-        """Fail early (SinkError) when the output cannot be written."""
-        self.fs.mkdirs(self.fs.path(layout.META))
-        probe = self.fs.path(layout.META, f"_probe-{uuid.uuid4().hex}")
-        self.fs.write_text(probe, "pgpoll")
-        self.fs.delete(probe)
+        """Fail early (SinkError) when the output cannot be written: a probe file written and removed.
+
+        On an object store with a client that gives up within seconds (a wrong
+        secret, a missing bucket, a stopped endpoint), not after the patient
+        retries of a run's requests.
+        """
+        quick = getattr(self.fs, "quick", None)
+        fs: OutputFs = quick() if quick is not None else self.fs
+        fs.mkdirs(fs.path(layout.META))
+        probe = fs.path(layout.META, f"_probe-{uuid.uuid4().hex}")
+        fs.write_text(probe, "pgpoll")
+        fs.delete(probe)
 
     def recover(self, *, full: bool = True, slot: str | None = None, plugin: str | None = None) -> RecoveryReport:
-        """Fenced recovery (:mod:`pgpoll.sink.recovery`); ``full`` at start (``slot``/``plugin`` are not needed)."""
+        """Fenced recovery (:mod:`pgpoll.sink.recovery`), then the change log's Delta table completed (a crash may
+        have left a committed batch out of it); ``full`` at start (``slot``/``plugin`` are not needed)."""
         self.last_recovery = recover(self.fs, self.log, full=full, run=self.run)
+        if self.log.last_state is not None:
+            self.changes.sync(self.log, self.log.last_state)
         return self.last_recovery
 
     def plan(self) -> Plan:
@@ -142,6 +160,14 @@ class BatchSink:
             sid = plan.id
         remove_staging(self.fs, sid)
 
+    def clear_attempt(self, plan: Plan) -> None:
+        """Remove what an earlier attempt of ``plan``'s batch wrote (staged files, or uploads); the plan stays."""
+        if self.fs.direct_writes:
+            remove_uploads(self.fs, plan.id)
+        else:
+            self.fs.delete(plan.staging)
+            self.fs.delete(plan.tables_staging)
+
     def staging_path(self) -> str:
         """Plan a batch and return its staging path (the call of earlier versions: prefer :meth:`plan`)."""
         planned = self.plan()
@@ -164,13 +190,15 @@ class BatchSink:
         last_commit_ts: str | None = None, first_commit_ts: str | None = None,
         tables: Mapping[str, Sequence[tuple[str, int]]] | None = None, xid_min: int | None = None,
         xid_max: int | None = None, table_stats: dict[str, Any] | None = None,
-        publications: Iterable[str] = (),
+        publications: Iterable[str] = (), uploaded: UploadedBatch | None = None,
     ) -> CommitRecord:
         """Commit the planned batch as record ``plan.seq`` (the compare-and-set), then move its files into place.
 
-        Raises :class:`FenceLostError` (this plan's staging removed) when
-        another run created that record first, :class:`SinkError` when the
-        staged batch is incomplete or its partition exists already.
+        ``uploaded``: on an object store, the files the task put at their
+        final keys (nothing is moved then). Raises :class:`FenceLostError`
+        (this plan's staging and uploads removed) when another run created
+        that record first, :class:`SinkError` when the staged batch is
+        incomplete or its partition exists already.
         """
         if isinstance(plan, str):
             found = self._plans.pop(plan, None)
@@ -181,11 +209,18 @@ class BatchSink:
             raise SinkError(f"batch ending at {Lsn(end)} is not above the high-water mark {plan.high_water_mark}",
                             "discard batches that bring nothing new")
         partition = layout.partition_name(start, end) if rows > 0 else None
-        files = self._staged_files(plan.staging) if rows > 0 else {}
+        direct = self.fs.direct_writes
+        if direct and rows > 0 and (uploaded is None or uploaded.partition != partition):
+            raise SinkError(f"batch {plan.id} was not uploaded to {partition}", "rerun")  # pragma: no cover (a bug)
+        if direct:
+            files = dict(uploaded.files) if uploaded is not None and rows > 0 else {}
+            tables = {t: sorted(f.items()) for t, f in uploaded.tables.items()} if uploaded is not None else {}
+        else:
+            files = self._staged_files(plan.staging) if rows > 0 else {}
         if rows > 0 and not files:
             self.ensure_current(plan)
             raise SinkError(f"the staged batch {plan.staging} has no data files", "check the Spark executor logs")
-        if partition is not None and self.fs.exists(self.fs.path(layout.CHANGES, partition)):
+        if partition is not None and not direct and self.fs.exists(self.fs.path(layout.CHANGES, partition)):
             self.ensure_current(plan)  # a run planned on the same head with the same range won, and moved in
             raise SinkError(f"partition {partition} already exists but no commit-log record names it",
                             "rerun: recovery at start removes it or sets it aside")
@@ -195,23 +230,24 @@ class BatchSink:
             plugin=plugin, last_commit_ts=last_commit_ts, tables=sorted(table_files), version=VERSION, seq=plan.seq,
             prev=plan.prev, file_sizes=files, bytes=sum(files.values()),
             table_files=table_files, run=plan.run, staging=plan.id, first_commit_ts=first_commit_ts, xid_min=xid_min,
-            xid_max=xid_max, table_stats=table_stats, publications=sorted(publications),
+            xid_max=xid_max, table_stats=table_stats, publications=sorted(publications), in_place=direct,
         )
         if not self.log.create(record):
             self.discard(plan)
             raise self._lost(plan)
         self._plans.pop(plan.staging, None)
         finish_moves(self.fs, record)
-        self._maybe_checkpoint(record.seq)
+        state = self.log.state()
+        self.changes.sync(self.log, state)  # the batch's Delta version (and any a crash left out before it)
+        self._maybe_checkpoint(record.seq, state)
         return record
 
-    def _maybe_checkpoint(self, seq: int) -> None:
+    def _maybe_checkpoint(self, seq: int, state: LogState) -> None:
         """Fold records 1..``seq`` once enough follow the newest checkpoint.
 
         Records up to the plan's head had their files moved by the recovery
         that preceded the plan, and record ``seq`` is this run's, just moved.
         """
-        state = self.log.state()
         since = seq - (state.checkpoint.seq if state.checkpoint else 0)
         if since >= CHECKPOINT_EVERY:
             self.log.write_checkpoint(state, seq, self.run)

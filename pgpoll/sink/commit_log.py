@@ -138,6 +138,8 @@ class CommitRecord:
     xid_max: int | None = None
     table_stats: dict[str, Any] | None = None
     publications: list[str] = field(default_factory=list)
+    in_place: bool = False
+    """The files were written at their final place before the record (object stores): nothing to move."""
     name: str = field(default="", compare=False)
 
     @property

@@ -112,14 +112,16 @@ class Lease:
         self.holds = holds
         self.held = False
 
+    def _read(self) -> tuple[LeaseHolder | None, str | None]:
+        """The current holder and the lease file's tag (``(None, None)``: no lease file; a damaged one has a tag)."""
+        found = self.fs.read_tagged(self.path)
+        if found is None:
+            return None, None
+        return LeaseHolder.parse(found[0]), found[1]
+
     def holder(self) -> LeaseHolder | None:
         """The current holder (None: no lease file, or a damaged one)."""
-        try:
-            return LeaseHolder.parse(self.fs.read_text(self.path)) if self.fs.exists(self.path) else None
-        except SinkError:
-            if self.fs.exists(self.path):
-                raise
-            return None  # released between the check and the read
+        return self._read()[0]
 
     def _busy(self, other: LeaseHolder) -> SlotBusyError:
         left = max(0.0, other.expires_at - self.clock())
@@ -141,39 +143,48 @@ class Lease:
     def _mine(self) -> LeaseHolder:
         return LeaseHolder(run=self.run, slot=self.slot, expires_at=self.clock() + self.ttl, host=_HOST, pid=os.getpid())
 
+    def _take(self) -> bool:
+        """One attempt to make the lease file this run's: create it, or swap out what was read (True: held)."""
+        current, tag = self._read()
+        if tag is None:
+            return self.fs.create_exclusive(self.path, self._mine().to_json())
+        self._check_free(current)
+        if current is not None and current.run != self.run:
+            log.warning("taking over the expired lease of run %s", current.run)
+        return self.fs.swap(self.path, self._mine().to_json(), tag)
+
     def acquire(self) -> None:
-        """Take the lease; :class:`SlotBusyError` at once when another run's lease has not expired."""
+        """Take the lease; :class:`SlotBusyError` at once when another run's lease has not expired.
+
+        Taking it is a create-if-absent or a compare-and-swap of the file read
+        (:meth:`OutputFs.swap`), so of two runs taking an expired lease
+        together exactly one gets it where the store is fenced.
+        """
         if not self.enabled:
             return
         self.fs.mkdirs(self.path.rsplit("/", 1)[0])
-        current = self.holder()
-        self._check_free(current)
-        if current is None and self.fs.create_exclusive(self.path, self._mine().to_json()):
-            pass
-        else:
-            current = self.holder()  # (another run may have created it just now)
-            self._check_free(current)
+        for _attempt in range(3):
+            if self._take():
+                self.held = True
+                return
+            current, _tag = self._read()
             if current is not None and current.run != self.run:
-                log.warning("taking over the expired lease of run %s", current.run)
-            self.fs.write_text(self.path, self._mine().to_json())
-        confirmed = self.holder()  # two runs taking an expired lease together: the last writer has it
-        if confirmed is None or confirmed.run != self.run:
-            if confirmed is not None:
-                raise self._busy(confirmed)
-            raise SlotBusyError(f"another {self.what} is taking the lease of {self.holds}", "rerun in a minute")
-        self.held = True
+                self._check_free(current)  # another run got it first: busy, unless it already died
+        raise SlotBusyError(f"another {self.what} is taking the lease of {self.holds}", "rerun in a minute")
 
     def renew(self) -> None:
         """Extend the lease by ``ttl``; :class:`SlotBusyError` when another run has taken it over meanwhile."""
         if not self.enabled:
             return
-        current = self.holder()
         try:
-            self._check_free(current)
+            if not self._take():
+                current, _tag = self._read()
+                self._check_free(current)  # replaced between the read and the swap: by whom?
+                if not self._take():
+                    raise SlotBusyError(f"another {self.what} took the lease of {self.holds}", "rerun in a minute")
         except SlotBusyError:
             self.held = False
             raise
-        self.fs.write_text(self.path, self._mine().to_json())
         self.held = True
 
     def release(self) -> None:

@@ -90,6 +90,10 @@ class ObjectStoreOutputFs:
     def __repr__(self) -> str:
         return f"ObjectStoreOutputFs({self.root!r})"
 
+    def quick(self) -> ObjectStoreOutputFs:
+        """The same output through a client that gives up within seconds (start-up checks)."""
+        return ObjectStoreOutputFs(self.root, self.location.quick())
+
     @property
     def store(self) -> Any:
         """The obstore client (one per process and location)."""

@@ -3,14 +3,17 @@
 Spark's own writer behind ``mapInArrow`` converts every Arrow record batch
 into Spark rows before writing them (the map columns cost most): about 10 s
 per million envelope rows, where pyarrow writes the same batches in about 3 s.
-So where the task can reach the output directly — a local path or a ``file:``
-URI, through ``pyarrow.fs.LocalFileSystem`` — it writes the staged files
-itself: the envelope under ``plan.staging`` and, with ``--typed-tables``, each
-table's typed rows under ``plan.tables_staging/<schema>.<table>/`` in the
-same pass (:class:`pgpoll.sink.typed_tables.TypedTableWriters`). Every other
-scheme (``hdfs:`` without libhdfs, ``s3a:``, ``gs:``, ``abfs:``...) keeps
-Spark's writer; ``PGPOLL_WRITER=spark`` forces it, ``PGPOLL_WRITER=pyarrow``
-refuses to fall back (an error for an output pyarrow cannot reach).
+So where the task can reach the output directly it writes the files itself:
+on a local path or ``file:`` URI into the staging directory (the envelope
+under ``plan.staging`` and, with ``--typed-tables``, each table's typed rows
+under ``plan.tables_staging/<schema>.<table>/`` in the same pass:
+:class:`pgpoll.sink.typed_tables.TypedTableWriters`); on an object store
+(``s3:``, ``gs:``, ``az:``) into a local spill directory of its own, uploaded
+to the final keys once the batch is complete (:mod:`pgpoll.sink.uploads`).
+Every other scheme (``hdfs:``, ``viewfs:``...) keeps Spark's writer;
+``PGPOLL_WRITER=spark`` forces it where the output is local or Hadoop's,
+``PGPOLL_WRITER=pyarrow`` refuses to fall back (an error for an output
+pyarrow cannot reach).
 
 The files are what Spark's writer produces, as far as any reader can tell:
 ``part-<n>-<uuid>-c000.snappy.parquet`` names (publishing moves ``part-*``
@@ -44,6 +47,8 @@ import pyarrow.parquet as pq
 
 from pgpoll.errors import ConfigError
 from pgpoll.sink.filesystem import local_path
+from pgpoll.sink.output_fs import OutputFs
+from pgpoll.sink.store_config import is_store_url
 
 WRITER_ENV = "PGPOLL_WRITER"
 """``auto`` (default: pyarrow where it reaches the output, else Spark), ``spark`` or ``pyarrow``."""
@@ -79,6 +84,8 @@ def choose_writer(staging: str, requested: str | None = None) -> str:
     wanted = (requested if requested is not None else os.environ.get(WRITER_ENV, "auto")).strip().lower() or "auto"
     if wanted not in ("auto", PYARROW, SPARK):
         raise ConfigError(f"{WRITER_ENV}={wanted!r} is not a writer", f"set {WRITER_ENV} to auto, pyarrow or spark")
+    if is_store_url(staging):
+        return PYARROW  # (Spark has no Hadoop connector for the store: pgpoll writes there itself)
     if wanted == SPARK:
         return SPARK
     reachable = local_path(staging) is not None
@@ -92,11 +99,21 @@ def choose_writer(staging: str, requested: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class StagingTarget:
-    """Where the task writes one batch (local OS paths); pickled to the executor with the batch spec."""
+    """Where the task writes one batch; pickled to the executor with the batch spec.
 
-    envelope: str  # plan.staging
+    ``envelope`` and ``tables`` are local OS paths (the staging of a local
+    output), or None with ``upload`` set: then the task writes into a spill
+    directory of its own and uploads the files to ``fs`` under the plan
+    ``upload`` (an object store: :mod:`pgpoll.sink.uploads`). ``ledgers`` is
+    the output's ``_pgpoll/tables/`` (column ledgers, read-only in the task),
+    read through ``fs`` when given.
+    """
+
+    envelope: str | None  # plan.staging (None: spill, then upload)
     tables: str | None = None  # plan.tables_staging, when typed tables are written in the same pass
-    ledgers: str | None = None  # the output's _pgpoll/tables/ (column ledgers, read-only in the task)
+    ledgers: str | None = None  # the output's _pgpoll/tables/
+    fs: OutputFs | None = None  # the output (ledgers are read and uploads go there)
+    upload: str | None = None  # the plan's staging id, when the batch is uploaded
 
     @classmethod
     def of(cls, staging: str, tables_staging: str | None, ledgers: str | None) -> StagingTarget:
@@ -109,6 +126,11 @@ class StagingTarget:
             local_path(tables_staging) if tables_staging is not None else None,
             local_path(ledgers) if ledgers is not None else None,
         )
+
+    @classmethod
+    def uploaded(cls, fs: OutputFs, plan_id: str, ledgers: str) -> StagingTarget:
+        """The target of a plan on an object store: spilled locally, uploaded under the plan's manifest."""
+        return cls(None, None, ledgers, fs, plan_id)
 
 
 def part_name(number: int) -> str:

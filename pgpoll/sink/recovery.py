@@ -19,7 +19,13 @@ what the commit log decides, never on timing:
    the next batch that wins makes it deletable. A staging directory without
    a plan file is from an older pgpoll (or its plan was removed last, after
    it), so it is deleted.
-3. At start only (``full``): partitions under ``changes/`` and ``tables/<dir>/``
+   On an object store (``fs.direct_writes``) a plan's files were uploaded to
+   their final keys (:mod:`pgpoll.sink.uploads`): a stale plan's upload
+   manifest names them, and they are deleted with it; a record's own files
+   stay, only its plan and manifest go.
+3. At start only (``full``), and never on an object store (where version 2
+   is the only version that ever wrote, and uploads are accounted for by
+   their manifests): partitions under ``changes/`` and ``tables/<dir>/``
    that no record names. Version 2 moves files only after its record exists,
    so such a partition comes from a version-1 pgpoll that crashed between
    its rename and its record, or from a hand edit. Recovery adopts nothing
@@ -65,7 +71,8 @@ from pgpoll.errors import SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CHECKPOINT_EVERY, CommitLog, CommitRecord, LogState
-from pgpoll.sink.filesystem import OutputFs
+from pgpoll.sink.output_fs import OutputFs
+from pgpoll.sink.uploads import MANIFEST_SUFFIX, manifest_path, remove_uploads
 
 log = logging.getLogger("pgpoll.sink")
 
@@ -115,13 +122,22 @@ def staging_id(name: str) -> str | None:
         return None
     if name.endswith(layout.PLAN_SUFFIX):
         return name[: -len(layout.PLAN_SUFFIX)]
+    if name.endswith(MANIFEST_SUFFIX):
+        return name[: -len(MANIFEST_SUFFIX)]
     if name.endswith(layout.TABLES_SUFFIX):
         return name[: -len(layout.TABLES_SUFFIX)]
     return name
 
 
-def remove_staging(fs: OutputFs, sid: str) -> None:
-    """Delete a staging id's directories, then its plan file (last: a directory without a plan is garbage)."""
+def remove_staging(fs: OutputFs, sid: str, *, keep_uploads: bool = False) -> None:
+    """Delete a staging id's directories and uploads, then its plan file (last: a directory without a plan is garbage).
+
+    ``keep_uploads``: the files it uploaded are a committed record's (only the manifest goes).
+    """
+    if keep_uploads:
+        fs.delete(manifest_path(fs, sid))
+    else:
+        remove_uploads(fs, sid)
     fs.delete(fs.path(layout.STAGING, sid))
     fs.delete(fs.path(layout.STAGING, sid + layout.TABLES_SUFFIX))
     fs.delete(fs.path(layout.STAGING, sid + layout.PLAN_SUFFIX))
@@ -163,6 +179,9 @@ def finish_moves(fs: OutputFs, record: CommitRecord) -> bool:
     """Move a committed record's staged files into place and remove its staging; True when anything moved."""
     if record.staging is None:
         return False
+    if record.in_place:  # uploaded to their final keys before the record was created: nothing to move
+        remove_staging(fs, record.staging, keep_uploads=True)
+        return False
     moved = False
     if record.partition:
         sizes = dict(record.file_sizes) or {f: -1 for f in record.files}
@@ -196,10 +215,10 @@ def _unrecorded_partitions(fs: OutputFs) -> list[tuple[str, str, Lsn]]:
 
 def recover(fs: OutputFs, commit_log: CommitLog, *, full: bool = True, run: str | None = None) -> RecoveryReport:
     """Fenced recovery (see the module docstring); ``full`` adds the unrecorded-partition pass of start-up."""
-    scan = full and commit_log.needs_scan()
+    scan = full and not fs.direct_writes and commit_log.needs_scan()
     partitions = _unrecorded_partitions(fs) if scan else []  # listed before the log is read
     state = commit_log.state()
-    if full and not scan and state.listed:  # the pointer did not hold after all: the full pass, in its order
+    if full and not scan and state.listed and not fs.direct_writes:  # the pointer did not hold: the full pass
         scan = True
         partitions = _unrecorded_partitions(fs)
         state = commit_log.state()
@@ -227,7 +246,7 @@ def recover(fs: OutputFs, commit_log: CommitLog, *, full: bool = True, run: str 
     older = full and state.listed and not state.v1_names and cp is not None and cp.v1_records is None
     if len(state.tail) >= CHECKPOINT_EVERY or (older and state.tail):
         commit_log.write_checkpoint(state, state.head, run)
-    if scan:
+    if scan or (full and fs.direct_writes):
         commit_log.mark_clean()
     if removed or removed_parts or set_aside or finished:
         log.info("recovery: %d move(s) finished, %d staging removed, %d partition(s) removed, %d set aside",

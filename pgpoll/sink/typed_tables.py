@@ -173,21 +173,32 @@ class TypedTableWriters:
     the driver to save; this class writes nothing outside ``directory``.
     """
 
-    def __init__(self, directory: str, ledgers: str | None, schemas: Mapping[str, TableSchema]) -> None:
+    def __init__(self, directory: str, ledgers: str | None, schemas: Mapping[str, TableSchema],
+                 fs: OutputFs | None = None) -> None:
         self.directory = directory
         self.ledgers = ledgers
         self.schemas = schemas
+        self.fs = fs  # where ``ledgers`` is read (None: a local directory)
         self._tables: dict[tuple[str, str], _TableWriter] = {}
+
+    def _ledger(self, name: str) -> ColumnLedger:
+        """The table's ledger as the output holds it (empty for a table not seen before)."""
+        if self.ledgers is None:
+            return ColumnLedger()
+        path = f"{self.ledgers}/{name}.json"
+        if self.fs is not None:
+            found = self.fs.read_tagged(path)
+            return ColumnLedger.from_json(json.loads(found[0])) if found is not None else ColumnLedger()
+        if not os.path.exists(path):
+            return ColumnLedger()
+        with open(path, encoding="utf-8") as handle:
+            return ColumnLedger.from_json(json.load(handle))
 
     def _table(self, schema: str, table: str) -> _TableWriter:
         found = self._tables.get((schema, table))
         if found is None:
             name = layout.table_dir_name(schema, table)
-            ledger = ColumnLedger()
-            if self.ledgers is not None and os.path.exists(f"{self.ledgers}/{name}.json"):
-                with open(f"{self.ledgers}/{name}.json", encoding="utf-8") as handle:
-                    ledger = ColumnLedger.from_json(json.load(handle))
-            found = self._tables[(schema, table)] = _TableWriter(f"{self.directory}/{name}", ledger)
+            found = self._tables[(schema, table)] = _TableWriter(f"{self.directory}/{name}", self._ledger(name))
         return found
 
     def write(self, batch: pa.RecordBatch) -> None:

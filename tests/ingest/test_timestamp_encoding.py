@@ -48,6 +48,6 @@ def test_envelope_and_typed_files_carry_utc_adjusted_micros_and_naive_micros(
     ).fetchone()
     assert (at, local_at) == ("2024-06-01 10:00:50.123456+00", "2024-06-01 12:00:50.123456")
     commit_kind = con.execute(
-        f"SELECT column_type FROM (DESCRIBE SELECT commit_ts FROM read_parquet('{capture.output}/changes/*/*.parquet'))"
+        f"SELECT column_type FROM (DESCRIBE SELECT commit_ts FROM read_parquet('{capture.output}/changes/lsn_range=*/*.parquet'))"
     ).fetchone()
     assert commit_kind == ("TIMESTAMP WITH TIME ZONE",)

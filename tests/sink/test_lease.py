@@ -93,3 +93,37 @@ def test_a_lease_left_by_a_process_gone_from_this_host_is_taken_over_at_once(tmp
     ))
     with pytest.raises(SlotBusyError):  # a holder on another host is judged by its expiry only
         _lease(tmp_path, "third", clock).acquire()
+
+
+@pytest.mark.parametrize("where", ["local", "store"])
+def test_runs_taking_an_expired_lease_together_leave_one_holder(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    import threading
+
+    from pgpoll.sink.filesystem import open_output
+
+    output = str(tmp_path) if where == "local" else request.getfixturevalue("s3_bucket").url
+    fs = open_output(output)
+    clock = Clock()
+    Lease(fs, run="dead", slot="s", ttl=60, clock=clock).acquire()
+    clock.now += 61  # its run died elsewhere: expired
+    held: list[str] = []
+    start = threading.Barrier(4)
+
+    def take(run: str) -> None:
+        lease = Lease(fs, run=run, slot="s", ttl=60, clock=clock)
+        start.wait()
+        try:
+            lease.acquire()
+            held.append(run)
+        except SlotBusyError:
+            pass
+
+    threads = [threading.Thread(target=take, args=(f"r{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(held) == 1, held
+    assert json.loads(fs.read_text(fs.path(layout.LEASE)))["run"] == held[0]

@@ -29,8 +29,9 @@ _MICROS = int((_TS - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds() * 1_000_0
         ("file:/tmp/out/_pgpoll/staging/x", None, PYARROW),
         ("file:///tmp/out/_pgpoll/staging/x", "auto", PYARROW),
         ("hdfs://nn:8020/out/_pgpoll/staging/x", None, SPARK),
-        ("s3a://bucket/out/_pgpoll/staging/x", None, SPARK),
-        ("gs://bucket/out/_pgpoll/staging/x", "auto", SPARK),
+        ("s3a://bucket/out/_pgpoll/staging/x", None, PYARROW),  # an object store: pgpoll uploads itself
+        ("gs://bucket/out/_pgpoll/staging/x", "auto", PYARROW),
+        ("az://container/out/_pgpoll/staging/x", "spark", PYARROW),  # (Spark has no connector there)
         ("/tmp/out/_pgpoll/staging/x", "spark", SPARK),  # checkout-paths: data
     ],
 )
@@ -47,7 +48,7 @@ def test_the_environment_forces_spark_and_pyarrow_never_falls_back(monkeypatch: 
     monkeypatch.setenv(WRITER_ENV, "pyarrow")
     assert choose_writer("file:/tmp/x") == PYARROW
     with pytest.raises(ConfigError):
-        choose_writer("s3a://bucket/x")
+        choose_writer("hdfs://nn:8020/x")
     monkeypatch.setenv(WRITER_ENV, "fast")
     with pytest.raises(ConfigError):
         choose_writer("/tmp/x")  # checkout-paths: data

@@ -11,6 +11,8 @@ can find something.
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 from collections import Counter
 from pathlib import Path
@@ -42,6 +44,7 @@ class RecordingFs:
     def __init__(self, fs: OutputFs) -> None:
         self.inner = fs
         self.root, self.scheme, self.fenced, self.atomic_dir_rename = fs.root, fs.scheme, fs.fenced, fs.atomic_dir_rename
+        self.direct_writes = fs.direct_writes
         self.calls: list[tuple[str, str]] = []
 
     def _note(self, op: str, path: str) -> None:
@@ -81,6 +84,24 @@ class RecordingFs:
     def create_exclusive(self, path: str, text: str) -> bool:
         self._note("create_exclusive", path)
         return self.inner.create_exclusive(path, text)
+
+    def read_tagged(self, path: str) -> tuple[str, str] | None:
+        self._note("read_tagged", path)
+        return self.inner.read_tagged(path)
+
+    def swap(self, path: str, text: str, tag: str) -> bool:
+        self._note("swap", path)
+        return self.inner.swap(path, text, tag)
+
+    def arrow(self) -> Any:
+        return self.inner.arrow()
+
+    def arrow_path(self, path: str) -> str:
+        return self.inner.arrow_path(path)
+
+    def put_file(self, local: str, path: str) -> int:
+        self._note("put_file", path)
+        return self.inner.put_file(local, path)
 
     def ops(self) -> Counter[str]:
         return Counter(op for op, _path in self.calls)

@@ -1,0 +1,233 @@
+"""The change log as a Delta table: ``changes/_delta_log/``, one version per committed batch.
+
+The commit log decides what is committed; this is the same fact in the form
+every lakehouse reader knows. ``PATH/changes`` is a Delta table partitioned
+by ``lsn_range`` (a column Delta and a plain Hive-partitioned read both
+show), whose versions are exactly the committed batches: a batch is added only
+after its commit-log record has won, as one Delta commit holding its files.
+A reader of the Delta table (delta-rs, DuckDB's ``delta_scan``, polars,
+Spark with Delta) never sees a staged, losing or half-uploaded batch, on any
+store: on an object store, where data files sit at their final keys before
+their record exists (:mod:`pgpoll.sink.uploads`), this is the atomic read.
+
+Idempotent and ordered, with no lock: each commit carries the application
+transaction :data:`APP_ID` whose version is the record's ``seq``, read back
+with ``transaction_version`` before committing; records are added in
+``seq`` order, one version each, and a commit is made on the version just
+read with no retry (``max_commit_retries=0``): delta-rs's own retry would
+not look at application transactions and could add a batch twice. So of two
+processes adding the same record (the run that published it, and another
+run's recovery after a crash) one commits and the other re-reads and finds
+it done. A record a crash left out of the Delta log is added by the next
+recovery (:meth:`ChangeTable.sync`). An existing output written before the
+Delta log existed gets a first version listing every committed batch.
+
+Batches without rows (heartbeats) add nothing. Outputs delta-rs cannot open
+(``hdfs:``...) have no Delta log; a warning says so once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import pyarrow as pa
+
+from pgpoll.errors import SinkError, first_line
+from pgpoll.sink import layout
+from pgpoll.sink.commit_log import CommitLog, CommitRecord, LogState
+from pgpoll.sink.envelope import ENVELOPE_SCHEMA
+from pgpoll.sink.local_files import local_path
+from pgpoll.sink.output_fs import OutputFs
+
+log = logging.getLogger("pgpoll.sink")
+
+APP_ID = "pgpoll:changes"
+"""The application transaction of pgpoll's commits to ``changes/`` (its version: the newest record added)."""
+PARTITION_COLUMN = "lsn_range"
+TABLE_SCHEMA = ENVELOPE_SCHEMA.append(pa.field(PARTITION_COLUMN, pa.string()))
+"""The Delta schema: the envelope's columns and the partition column (as a Hive-partitioned read shows it)."""
+_ATTEMPTS = 20
+
+
+def delta_location(fs: OutputFs, *parts: str) -> tuple[str, dict[str, str] | None] | None:
+    """Where delta-rs finds ``fs.path(*parts)`` and the storage options it needs (None: delta-rs cannot open it)."""
+    path = fs.path(*parts)
+    local = local_path(path)
+    if local is not None:
+        return local, None
+    location = getattr(fs, "location", None)
+    if location is not None:
+        return path, location.delta_options()
+    return None
+
+
+class ChangeTable:
+    """The Delta table over one output's ``changes/`` (see the module docstring)."""
+
+    def __init__(self, fs: OutputFs) -> None:
+        self.fs = fs
+        found = delta_location(fs, layout.CHANGES)
+        self.uri, self.options = found if found is not None else (None, None)
+        self._table: Any = None
+        self._done: int | None = None  # the newest record known to be in the Delta log
+        if self.uri is None:
+            log.warning("%s: delta-rs cannot open this store, so changes/ gets no Delta log (read it through the "
+                        "commit log: pgpoll.reader)", fs.root)
+
+    @property
+    def enabled(self) -> bool:
+        """False for outputs delta-rs cannot open."""
+        return self.uri is not None
+
+    def _load(self) -> Any:
+        """The table at its newest version (None: no table yet)."""
+        from deltalake import DeltaTable
+
+        try:
+            if self._table is not None:
+                self._table.update_incremental()
+                return self._table
+            if not DeltaTable.is_deltatable(self.uri or "", storage_options=self.options):
+                return None
+            self._table = DeltaTable(self.uri or "", storage_options=self.options)
+            return self._table
+        except Exception as exc:
+            raise SinkError(f"cannot read the change log's Delta table {self.uri}: {first_line(exc)}",
+                            "check that the output is reachable; the next run completes the Delta log") from None
+
+    def added(self) -> int:
+        """The newest record in the Delta log (0: none)."""
+        table = self._load()
+        done = table.transaction_version(APP_ID) if table is not None else None
+        self._done = int(done) if done is not None else 0
+        return self._done
+
+    def sync(self, commit_log: CommitLog, state: LogState | None = None) -> list[int]:
+        """Add every committed record the Delta log lacks, in order; returns the records added by this call.
+
+        Every record up to ``state.head`` must have its files in place: the
+        caller has finished their moves (recovery, or the publisher after its own).
+        """
+        if not self.enabled:
+            return []
+        state = state or commit_log.state()
+        if self._done is not None and self._done >= state.head:
+            return []
+        added: list[int] = []
+        for _attempt in range(_ATTEMPTS):
+            done = self.added()
+            if done >= state.head:
+                return added
+            cp = state.checkpoint
+            records = commit_log.records() if cp is not None and done < cp.seq else list(state.tail)
+            todo = [r for r in records if r.seq > done and r.partition]
+            if not todo:
+                return added
+            todo = [self._sized(r) for r in todo]
+            try:
+                added += self._commit(todo, first=self._table is None)
+            except _Lost:
+                continue  # another process added something meanwhile: read again
+        raise SinkError(f"could not add the committed batches to {self.uri} after {_ATTEMPTS} attempts",
+                        "check for other writers of changes/_delta_log; the next run completes it")
+
+    def _sized(self, record: CommitRecord) -> CommitRecord:
+        """``record`` with its files' sizes (records of early versions have none: the partition is listed)."""
+        if record.file_sizes and all(name in record.file_sizes for name in record.files):
+            return record
+        assert record.partition is not None
+        listed = {n: size for n, is_dir, size in self.fs.list(self.fs.path(layout.CHANGES, record.partition)) if not is_dir}
+        return replace(record, file_sizes={n: listed[n] for n in record.files if n in listed},
+                       files=[n for n in record.files if n in listed])
+
+    def _commit(self, todo: Sequence[CommitRecord], *, first: bool) -> list[int]:
+        """Commit ``todo`` (one version each; a new table gets them all in its first version)."""
+        from deltalake import Schema
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import CommitProperties, Transaction, create_table_with_add_actions
+
+        schema = Schema.from_arrow(TABLE_SCHEMA)
+        done: list[int] = []
+        try:
+            if first:
+                properties = CommitProperties(app_transactions=[Transaction(APP_ID, todo[-1].seq)], max_commit_retries=0,
+                                              custom_metadata={"pgpoll": json.dumps({"records": len(todo)})})
+                create_table_with_add_actions(self.uri or "", schema, [a for r in todo for a in _adds(r)], mode="error",
+                                              partition_by=[PARTITION_COLUMN], storage_options=self.options,
+                                              commit_properties=properties)
+                self._done = todo[-1].seq
+                return [r.seq for r in todo]
+            for record in todo:
+                properties = CommitProperties(app_transactions=[Transaction(APP_ID, record.seq)], max_commit_retries=0,
+                                              custom_metadata={"pgpoll": json.dumps({"seq": record.seq, "run": record.run})})
+                self._table.create_write_transaction(_adds(record), "append", schema, partition_by=[PARTITION_COLUMN],
+                                                     commit_properties=properties)
+                self._done = record.seq
+                done.append(record.seq)
+                self._table.update_incremental()
+        except CommitFailedError:
+            self._table = None
+            raise _Lost() from None
+        except SinkError:
+            raise
+        except Exception as exc:
+            if first and "already exists" in str(exc).lower():
+                self._table = None
+                raise _Lost() from None
+            raise SinkError(f"cannot add batches to the change log's Delta table {self.uri}: {first_line(exc)}",
+                            "check that the output is writable; the next run completes the Delta log") from None
+        return done
+
+
+class _Lost(Exception):
+    """Another process committed to the Delta log first."""
+
+
+def _adds(record: CommitRecord) -> list[Any]:
+    """The Delta add actions of a record's envelope files (paths relative to ``changes/``)."""
+    from deltalake.transaction import AddAction
+
+    assert record.partition is not None
+    value = record.partition.split("=", 1)[1]
+    now = int(time.time() * 1000)
+    sizes = dict(record.file_sizes)
+    one = len(record.files) == 1
+    return [AddAction(f"{record.partition}/{name}", int(sizes.get(name, 0)), {PARTITION_COLUMN: value}, now, True,
+                      json.dumps({"numRecords": record.rows}) if one else "{}")
+            for name in record.files]
+
+
+def committed_files(fs: OutputFs) -> list[tuple[str, str, int]]:
+    """``(partition, file name, size)`` of every committed batch's envelope files, in commit-log order.
+
+    From the Delta log (a bounded read: its checkpoint and the versions after
+    it), plus the records a crash left out of it; from the commit log alone
+    where there is no Delta log. Never a staged, losing or unfinished batch.
+    """
+    import pyarrow as pa
+
+    commit_log = CommitLog(fs)
+    table = ChangeTable(fs)
+    found: list[tuple[str, str, int]] = []
+    done = 0
+    loaded = table._load() if table.enabled else None
+    if loaded is not None:
+        done = int(loaded.transaction_version(APP_ID) or 0)
+        actions = pa.table(loaded.get_add_actions(flatten=True)).select(["path", "size_bytes"]).to_pylist()
+        for action in actions:
+            partition, _sep, name = str(action["path"]).partition("/")
+            found.append((partition, name, int(action["size_bytes"])))
+        found.sort()
+    state = commit_log.state()
+    cp = state.checkpoint
+    records = commit_log.records() if cp is not None and done < cp.seq else list(state.tail)
+    for record in records:
+        if record.seq > done and record.partition:
+            sized = table._sized(record)
+            found += [(record.partition, name, int(sized.file_sizes.get(name, 0))) for name in sized.files]
+    return found
