@@ -15,7 +15,7 @@ from pgpoll.cli.options import csv_values
 from pgpoll.materialize.delta_state import DeltaMaterializer
 from pgpoll.materialize.driver_run import requested_engine
 from pgpoll.materialize.run import MaterializeOptions, Materializer, TableState, run_materialize
-from pgpoll.spark.session import debug_requested, spark_session
+from pgpoll.spark.session import debug_requested
 from pgpoll.stopping import StopRequest
 
 FORMATS: dict[str, type[Materializer]] = {"parquet": Materializer, "delta": DeltaMaterializer}
@@ -62,9 +62,7 @@ def command(output: str, tables: tuple[str, ...], exclude_tables: tuple[str, ...
     stop.on_request(_cancel_spark_jobs)
     try:
         requested_engine()  # a bad PGPOLL_MATERIALIZE_ENGINE: exit 2 before Spark starts
-        spark = spark_session("pgpoll-materialize")
-        stopping.reclaim(stop)  # SparkContext replaced the SIGINT handler with its own
-        states = run_materialize(opts, spark, materializer=FORMATS[fmt], stop=stop)
+        states = run_materialize(opts, None, materializer=FORMATS[fmt], stop=stop)  # Spark starts only if needed
     except Exception as error:
         if stop.requested:  # cancelled mid-table or stopped between tables: what was committed stays
             click.echo(f"interrupted by signal {stop.signum}: tables finished before it keep their new state; "

@@ -54,7 +54,9 @@ from pgpoll.materialize.driver_state import (
 )
 from pgpoll.materialize.run import STATE_FILE, MaterializeOptions, Materializer, TableState, _align
 from pgpoll.materialize.state import StateColumn
+from pgpoll.materialize.task_files import write_frame
 from pgpoll.sink import layout
+from pgpoll.sink.change_table import delta_location
 from pgpoll.sink.commit_log import CommitRecord
 from pgpoll.sink.filesystem import local_path
 from pgpoll.typed.rows import quote
@@ -109,8 +111,10 @@ class DeltaTableState(TableState):
 class DeltaMaterializer(Materializer):
     """Materializes the typed tables of one output path as Delta tables (see the module docstring)."""
 
-    def __init__(self, spark: Any, opts: MaterializeOptions) -> None:
-        super().__init__(spark, opts)
+    publishes_by_rename = False  # one Delta commit per table: works on object stores
+
+    def __init__(self, spark: Any, opts: MaterializeOptions, stop: Any = None) -> None:
+        super().__init__(spark, opts, stop)
         self.run_id = uuid.uuid4().hex[:12]
         self.app = app_id(self.dest.root)
         self._pins: dict[str, PinnedVersion] = {}
@@ -122,7 +126,10 @@ class DeltaMaterializer(Materializer):
 
     def delta_table(self, name: str) -> DeltaStateTable:
         """The Delta log of the table directory ``name`` under DEST."""
-        return DeltaStateTable(delta_uri(self.dest.path(name)), self.app)
+        found = delta_location(self.dest, name)
+        if found is None:
+            return DeltaStateTable(delta_uri(self.dest.path(name)), self.app)
+        return DeltaStateTable(found[0], self.app, found[1])
 
     def _table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
         state = super()._table(name, parsed, records)
@@ -155,7 +162,7 @@ class DeltaMaterializer(Materializer):
 
     def _read_files(self, name: str, files: Sequence[str]) -> Any:
         paths = [f if "://" in f or f.startswith("/") else self.dest.path(name, f) for f in files]
-        frame = self.spark.read.option("mergeSchema", "true").parquet(*paths)
+        frame = self.read_parquet(self.dest, paths, files=True)
         names = self._names.get(name, {})  # columns stored under a %XX name (delta_names) get theirs back
         return frame.toDF(*[names.get(c, c) for c in frame.columns])
 
@@ -216,10 +223,14 @@ class DeltaMaterializer(Materializer):
         run_dir = f"{RUN_DIR_PREFIX}{self.run_id}"
         where = self.dest.path(name, run_dir)
         physical = physical_names(frame.columns)  # names Delta forbids, stored as %XX (delta_names)
-        laid = laid_out(frame, key, estimate)
-        laid.toDF(*[physical[c] for c in laid.columns]).write.options(**write_options()).parquet(where)
-        return self._commit_written(name, run_dir, marker, arrow_schema(frame.schema),
-                                    [physical[c] for c in _stat_columns(frame.schema, key)], plan)
+        laid = laid_out(frame, key, estimate).toDF(*[physical[c] for c in frame.columns])
+        stats = [physical[c] for c in _stat_columns(frame.schema, key)]
+        written = None
+        if self.dest.direct_writes:  # an object store: the tasks write with pyarrow (Spark has no connector there)
+            written = write_frame(laid, self.dest, where, run_dir, TARGET_ROWS, stats, arrow_schema(laid.schema))
+        else:
+            laid.write.options(**write_options()).parquet(where)
+        return self._commit_written(name, run_dir, marker, arrow_schema(frame.schema), stats, plan, written)
 
     def _write_arrow(self, name: str, table: Any, marker: dict[str, Any], key: list[str]) -> int:
         """:meth:`_write` for a state computed in the driver: sorted on the key, in files of at most
@@ -228,18 +239,19 @@ class DeltaMaterializer(Materializer):
         run_dir = f"{RUN_DIR_PREFIX}{self.run_id}"
         physical = physical_names(table.column_names)
         write_state_file(sorted_on(table, key).rename_columns([physical[c] for c in table.column_names]),
-                         self.dest.path(name, run_dir), rows_per_file=delta_files.TARGET_ROWS)
+                         self.dest.path(name, run_dir), rows_per_file=delta_files.TARGET_ROWS, fs=self.dest)
         stats = [physical[c] for c in key if c in arrow_stat_columns(table.schema)]
         return self._commit_written(name, run_dir, marker, table.schema, stats, self._plans.pop(name, None))
 
     def _commit_written(self, name: str, run_dir: str, marker: dict[str, Any], schema: Any, stat_columns: list[str],
-                        plan: PartialPlan | None) -> int:
+                        plan: PartialPlan | None, written: list[DataFile] | None = None) -> int:
         """Commit the files written under ``run_dir`` as the table's next version (``schema``: the state's
-        Arrow schema); returns the state's rows. A failed commit removes them."""
+        Arrow schema; ``written``: the files and their statistics when the writer reported them); returns
+        the state's rows. A failed commit removes them."""
         pinned = self._pins[name]
         where = self.dest.path(name, run_dir)
         try:
-            files = self._data_files(where, run_dir, stat_columns)
+            files = written if written else self._data_files(where, run_dir, stat_columns)
             rows = sum(f.records for f in files) + (sum(f.records for f in plan.kept) if plan is not None else 0)
             meta = {**marker, "rows": rows, "run": self.run_id, "output": self.fs.root}
             version = self.delta_table(name).commit(pinned, files, encode_arrow_schema(schema),
@@ -296,13 +308,13 @@ class DeltaMaterializer(Materializer):
         table = self._files_arrow(name, [f.path for f in affected])
         return (table if table is not None else schema.empty_table()), None
 
-    def _local(self, name: str, path: str) -> str:
-        """The local path of a file of the table's log (absolute, or relative to the table)."""
-        return path if path.startswith("/") else local_path(self.dest.path(name, path)) or ""
+    def _file(self, name: str, path: str) -> str:
+        """A file of the table's log as a path of DEST's filesystem (absolute, or relative to the table)."""
+        return path if path.startswith("/") or "://" in path else self.dest.path(name, path)
 
     def _files_arrow(self, name: str, files: Sequence[str]) -> Any:
         """Files of the table read with pyarrow, with the columns' PostgreSQL names (None: no file)."""
-        table = read_parquet_files([self._local(name, f) for f in files])
+        table = read_parquet_files([self._file(name, f) for f in files], self.dest)
         if table is None:
             return None
         names = self._names.get(name, {})
@@ -312,7 +324,7 @@ class DeltaMaterializer(Materializer):
         """Whether a pinned file's columns are the new state's (files kept beside new ones must read alike)."""
         import pyarrow.parquet as pq
 
-        stored = pq.read_schema(self._local(name, path))
+        stored = pq.read_schema(self.dest.arrow_path(self._file(name, path)), filesystem=self.dest.arrow())
         names = self._names.get(name, {})
         return [names.get(n, n) for n in stored.names] == schema.names and all(
             same_type(f.type, schema.field(names.get(f.name, f.name)).type) for f in stored)
@@ -346,11 +358,10 @@ class DeltaMaterializer(Materializer):
         """
         from pyspark.sql import functions as F
 
-        local = local_path(where)
-        if local is not None:
-            found = footer_files(local, run_dir, stat_columns)
+        if local_path(where) is not None or self.dest.direct_writes:
+            found = footer_files(where, run_dir, stat_columns, self.dest)
             if not found:
-                raise SinkError(f"Spark wrote no Parquet file under {where}", "check the destination is writable")
+                raise SinkError(f"no Parquet file was written under {where}", "check the destination is writable")
             return found
         written = self.spark.read.parquet(where)
         aggs = [F.count(F.lit(1)).alias("n")]

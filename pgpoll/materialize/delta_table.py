@@ -66,7 +66,14 @@ def delta_uri(path: str) -> str:
 
 
 def app_id(dest: str) -> str:
-    """The application id of pgpoll's transactions in the tables under ``dest``."""
+    """The application id of pgpoll's transactions in the tables under ``dest``.
+
+    A local DEST is named as Hadoop qualifies it (``file:/path``), as pgpoll
+    did when it opened destinations through Hadoop: tables written then keep
+    their position.
+    """
+    if dest.startswith("/"):
+        dest = f"file:{os.path.abspath(dest)}"
     return f"{APP_PREFIX}{dest}"
 
 
@@ -240,8 +247,9 @@ class DeltaStateTable:
         return pinned.version + 1
 
 
-def footer_files(directory: str, prefix: str, stat_columns: Sequence[str]) -> list[DataFile]:
-    """The Parquet files in the local ``directory`` as :class:`DataFile` (paths ``prefix/<file>``), from their footers.
+def footer_files(directory: str, prefix: str, stat_columns: Sequence[str], fs: Any = None) -> list[DataFile]:
+    """The Parquet files in ``directory`` (of ``fs``, an OutputFs; None: a local directory) as :class:`DataFile`
+    (paths ``prefix/<file>``), from their footers.
 
     Record counts and the null counts, minimum and maximum of ``stat_columns``
     come from the row groups' statistics, without reading any data; a column
@@ -251,11 +259,16 @@ def footer_files(directory: str, prefix: str, stat_columns: Sequence[str]) -> li
     import pyarrow.parquet as pq
 
     out: list[DataFile] = []
-    for entry in sorted(os.listdir(directory)):
+    if fs is None:
+        listed = [(e, os.path.getsize(os.path.join(directory, e))) for e in sorted(os.listdir(directory))]
+    else:
+        listed = sorted((n, size) for n, is_dir, size in fs.list(directory) if not is_dir)
+    for entry, file_size in listed:
         if not entry.endswith(".parquet"):
             continue
-        path = os.path.join(directory, entry)
-        meta = pq.read_metadata(path)
+        path = os.path.join(directory, entry) if fs is None else f"{directory}/{entry}"
+        meta = (pq.read_metadata(path) if fs is None
+                else pq.read_metadata(fs.arrow_path(path), filesystem=fs.arrow()))
         index = {meta.schema.column(j).path: j for j in range(meta.num_columns)}
         low: dict[str, Any] = {}
         high: dict[str, Any] = {}
@@ -279,7 +292,7 @@ def footer_files(directory: str, prefix: str, stat_columns: Sequence[str]) -> li
                 if known and len(known) == len(ranges):
                     low[name] = min(lo for lo, _ in known)
                     high[name] = max(hi for _, hi in known)
-        out.append(DataFile(f"{prefix}/{entry}", os.path.getsize(path), int(meta.num_rows), low, high, nulls))
+        out.append(DataFile(f"{prefix}/{entry}", file_size, int(meta.num_rows), low, high, nulls))
     return out
 
 

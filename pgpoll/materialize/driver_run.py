@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pgpoll.errors import ConfigError
@@ -40,6 +41,7 @@ from pgpoll.materialize.snapshot_merge import predates_text
 from pgpoll.materialize.state import ComputedState, StateColumn
 from pgpoll.sink.commit_log import CommitRecord
 from pgpoll.sink.filesystem import local_path
+from pgpoll.sink.output_fs import OutputFs
 from pgpoll.sink.parquet_writer import WRITE_OPTIONS
 from pgpoll.typed.mapping import arrow_type
 
@@ -71,34 +73,41 @@ def state_schema(columns: Sequence[StateColumn]) -> pa.Schema:
     ])
 
 
+def reaches(fs: OutputFs) -> bool:
+    """Whether the driver reads and writes ``fs`` with pyarrow itself (a local path or an object store)."""
+    return local_path(fs.root) is not None or fs.direct_writes
+
+
+def arrow_of(fs: OutputFs | None) -> tuple[pafs.FileSystem, Any]:
+    """A pyarrow filesystem and the path mapping for ``fs`` (None: local OS paths)."""
+    if fs is None:
+        return pafs.LocalFileSystem(), lambda path: local_path(path) or path
+    return fs.arrow(), fs.arrow_path
+
+
 def in_driver(m: Materializer, name: str, read: Sequence[CommitRecord], marker: dict[str, Any] | None,
-              partitions: Sequence[str]) -> bool:
-    """Whether this table's run is computed in the driver (see the module docstring)."""
+              files: Sequence[tuple[str, int]]) -> bool:
+    """Whether this table's run is computed in the driver (see the module docstring); ``files``: its new
+    changes' files with their sizes."""
     if m.engine == "spark":
         return False
-    if local_path(m.dest.path("")) is None or any(local_path(p) is None for p in partitions):
+    if not reaches(m.dest) or not reaches(m.fs):
         return False
     if m.engine == "driver":
         return True
     # wide rows or large values (TOAST) make few rows many bytes: bound what the driver reads too
     # (the previous state is bounded where it is read: Materializer.driver_previous)
-    return sum(r.rows for r in read) <= DRIVER_ROWS and sum(_bytes(local_path(p) or "") for p in partitions) <= DRIVER_BYTES
+    return sum(r.rows for r in read) <= DRIVER_ROWS and sum(size for _path, size in files) <= DRIVER_BYTES
 
 
-def _bytes(directory: str) -> int:
-    """The size of the files under a local directory (0 when it does not exist)."""
-    total = 0
-    for root, _dirs, files in os.walk(directory):
-        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
-    return total
-
-
-def small_files(paths: Sequence[str]) -> bool:
-    """Whether local Parquet files hold at most :data:`DRIVER_ROWS` rows and :data:`DRIVER_BYTES` bytes."""
+def small_files(paths: Sequence[str], fs: OutputFs | None = None) -> bool:
+    """Whether Parquet files hold at most :data:`DRIVER_ROWS` rows and :data:`DRIVER_BYTES` bytes (footers read)."""
+    arrow, where = arrow_of(fs)
     rows = size = 0
     for path in paths:
-        rows += pq.read_metadata(path).num_rows
-        size += os.path.getsize(path)
+        meta = pq.read_metadata(where(path), filesystem=arrow)
+        rows += meta.num_rows
+        size += int(arrow.get_file_info(where(path)).size or 0)
     return rows <= DRIVER_ROWS and size <= DRIVER_BYTES
 
 
@@ -110,26 +119,29 @@ def parquet_files(directory: str) -> list[str]:
             if n.endswith(".parquet") and not n.startswith(("_", "."))]
 
 
-def read_parquet_files(paths: Sequence[str]) -> pa.Table | None:
-    """The rows of ``paths`` as one table, schemas merged as Spark's ``mergeSchema`` does (None: no file)."""
-    tables = [pq.read_table(p) for p in paths]
+def read_parquet_files(paths: Sequence[str], fs: OutputFs | None = None) -> pa.Table | None:
+    """The rows of ``paths`` (of ``fs``; None: local) as one table, schemas merged as Spark's ``mergeSchema``
+    does (None: no file)."""
+    arrow, where = arrow_of(fs)
+    tables = [pq.read_table(where(p), filesystem=arrow) for p in paths]
     if not tables:
         return None
     return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
 
 
-def write_state_file(table: pa.Table, directory: str, rows_per_file: int | None = None) -> int:
-    """Write ``table`` as Parquet into the local ``directory`` (created): one file, or files of at most
-    ``rows_per_file`` rows in order; returns the rows."""
-    local = local_path(directory)
-    if local is None:
+def write_state_file(table: pa.Table, directory: str, rows_per_file: int | None = None,
+                     fs: OutputFs | None = None) -> int:
+    """Write ``table`` as Parquet into ``directory`` (of ``fs``; None: a local path, created): one file, or files
+    of at most ``rows_per_file`` rows in order; returns the rows."""
+    if fs is None and local_path(directory) is None:
         raise ConfigError(f"{directory} is not a local path", "materialize it with PGPOLL_MATERIALIZE_ENGINE=spark")
-    os.makedirs(local, exist_ok=True)
+    arrow, where = arrow_of(fs)
+    arrow.create_dir(where(directory), recursive=True)
     step = rows_per_file or max(table.num_rows, 1)
     run = uuid.uuid4()
     for n, start in enumerate(range(0, max(table.num_rows, 1), step)):
-        pq.write_table(table.slice(start, step), os.path.join(local, f"part-{n:05d}-{run}-c000.snappy.parquet"),
-                       **WRITE_OPTIONS)
+        pq.write_table(table.slice(start, step), where(f"{directory}/part-{n:05d}-{run}-c000.snappy.parquet"),
+                       filesystem=arrow, **WRITE_OPTIONS)
     return table.num_rows
 
 
@@ -149,11 +161,11 @@ def sorted_on(table: pa.Table, key: Sequence[str]) -> pa.Table:
         return table
 
 
-def driver_state(m: Materializer, name: str, parsed: tuple[str, str], partitions: Sequence[str],
+def driver_state(m: Materializer, name: str, parsed: tuple[str, str], files: Sequence[tuple[str, int]],
                  marker: dict[str, Any] | None) -> ComputedState | None:
     """The table's new state computed in the driver, or None when the replay does not cover it (Spark does)."""
     qualified = f"{parsed[0]}.{parsed[1]}"
-    events = read_parquet_files([f for p in partitions for f in parquet_files(local_path(p) or "")])
+    events = read_parquet_files([path for path, _size in files], m.fs)
     summary = summarize_table(events) if events is not None else ChangeSummary()
     if len(identity_segments(summary, m.store)) > 1:
         log.info("%s: the replica identity changed: computed with Spark", qualified)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -76,7 +77,7 @@ from pgpoll.materialize.table_pool import run_in_order
 from pgpoll.materialize.visibility import SnapshotFilter
 from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CommitLog, CommitRecord
-from pgpoll.sink.filesystem import OutputFilesystem, local_path
+from pgpoll.sink.filesystem import local_path, needs_spark, open_output
 from pgpoll.sink.typed_tables import SchemaStore, load_ledger
 from pgpoll.stopping import StopRequest, StopRequestedError
 from pgpoll.table_patterns import TablePatterns
@@ -161,17 +162,28 @@ def _align(previous: Any, columns: list[StateColumn]) -> Any:
 
 
 class Materializer:
-    """Materializes the typed tables of one output path."""
+    """Materializes the typed tables of one output path.
 
-    def __init__(self, spark: Any, opts: MaterializeOptions) -> None:
-        self.spark = spark
+    The output and DEST are opened without Spark when they are local paths or
+    object stores (pgpoll's own clients); Spark starts only when a table's
+    state needs a Spark job (:attr:`spark`), so a run the driver engine
+    computes whole starts no JVM. Other URIs (``hdfs:``...) are Hadoop's:
+    Spark starts first.
+    """
+
+    def __init__(self, spark: Any, opts: MaterializeOptions, stop: StopRequest | None = None) -> None:
+        self._spark = spark
+        self._case_saved: str | None = None
+        self._spark_lock = threading.Lock()  # tables run on a few threads (table_pool): one start
         self.opts = opts
-        self.fs = OutputFilesystem(spark, opts.output)
+        self.stop: StopRequest | None = stop  # checked before each table (SIGINT/SIGTERM: see pgpoll.stopping)
+        if needs_spark(opts.output) or (opts.to is not None and needs_spark(opts.to)):
+            spark = self.spark
+        self.fs = open_output(opts.output, spark)
         dest = opts.to or self.fs.path(layout.STATE)
-        self.dest = OutputFilesystem(spark, dest)
+        self.dest = open_output(dest, spark)
         self.store = SchemaStore(self.fs)
         self.filter = TablePatterns(opts.tables, opts.exclude_tables)
-        self.stop: StopRequest | None = None  # checked before each table (SIGINT/SIGTERM: see pgpoll.stopping)
         self.snapshots = SnapshotCatalog(self.fs)
         self.high_water: Lsn | None = None
         self.rebuilt: set[str] = set()  # tables rebuilt on a newer snapshot (a state at the same position is replaced)
@@ -180,8 +192,44 @@ class Materializer:
         self.row_bounds: dict[str, int] = {}  # per table built without a previous state: at most this many rows
         self.engine = requested_engine()  # small tables of a local output in the driver (pgpoll.materialize.driver_run)
 
+    @property
+    def spark(self) -> Any:
+        """The SparkSession, started on first use (a table that needs a Spark job), set for pgpoll's work."""
+        with self._spark_lock:
+            return self._start_spark()
+
+    def _start_spark(self) -> Any:
+        if self._spark is None:
+            from pgpoll import stopping
+            from pgpoll.spark.session import spark_session
+
+            self._spark = spark_session("pgpoll-materialize")
+            stopping.reclaim(self.stop)  # SparkContext replaced the SIGINT handler with its own
+        if self._case_saved is None:
+            from pgpoll.spark.session import configure_writes
+
+            configure_writes(self._spark)
+            # the state's columns are the table's own names: "A" and "a" are two columns in PostgreSQL
+            self._case_saved = str(self._spark.conf.get(_CASE_SENSITIVE, "false"))
+            self._spark.conf.set(_CASE_SENSITIVE, "true")
+        return self._spark
+
+    @property
+    def spark_started(self) -> bool:
+        """Whether this run has used Spark."""
+        return self._case_saved is not None
+
+    publishes_by_rename = True
+    """The Parquet state is swapped in with directory renames, which an object store does not have."""
+
     def run(self) -> list[TableState]:
         """Materialize every selected table; returns what was done for each."""
+        if self.publishes_by_rename and self.dest.direct_writes:
+            raise ConfigError(
+                f"--format parquet publishes each table's state with directory renames, which {self.dest.root} "
+                "(an object store) does not have",
+                "materialize to an object store with --format delta (one atomic Delta commit per table and run)",
+            )
         has_log = self.fs.exists(self.fs.path(layout.COMMITS))
         snapshotted = self.snapshots.table_dirs()
         if not has_log and not snapshotted:
@@ -201,13 +249,11 @@ class Materializer:
             if is_dir and SCRATCH in name and stale_scratch(self.dest, name):
                 self.dest.delete(self.dest.path(name))
         selected = [(n, p) for n in names if (p := layout.parse_table_dir_name(n)) is not None and self.filter.accepts(*p)]
-        # the state's columns are the table's own names: "A" and "a" are two columns in PostgreSQL
-        saved = self.spark.conf.get(_CASE_SENSITIVE, "false")
-        self.spark.conf.set(_CASE_SENSITIVE, "true")
         try:  # a few tables at once, results and errors as one by one (pgpoll.materialize.table_pool)
             return run_in_order([functools.partial(self._one_table, n, p, records) for n, p in selected])
         finally:
-            self.spark.conf.set(_CASE_SENSITIVE, saved)
+            if self._case_saved is not None:
+                self._spark.conf.set(_CASE_SENSITIVE, self._case_saved)
 
     def _one_table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
         if self.stop is not None and self.stop.requested:
@@ -255,11 +301,12 @@ class Materializer:
             read = select_records(todo, snap, rule)
         # a record that names the table wrote its partition there (records without one have no tables)
         partitions = [self.fs.path(layout.TABLES, name, r.partition) for r in read if r.partition is not None]
+        files = self.table_files(name, read)
         computed = None
-        if snap is None and in_driver(self, name, read, marker, partitions):  # a small table: no Spark job
-            computed = driver_state(self, name, parsed, partitions, marker)
+        if snap is None and in_driver(self, name, read, marker, files):  # a small table: no Spark job
+            computed = driver_state(self, name, parsed, files, marker)
         if computed is None:
-            computed = self._spark_state(name, parsed, snap, rule, partitions, marker)
+            computed = self._spark_state(name, parsed, snap, rule, partitions, marker, [f for f, _s in files])
         warnings = computed.warnings
         if computed.unresolved_toast:
             warnings.append(
@@ -279,12 +326,46 @@ class Materializer:
         return TableState(qualified, target, rows, end, "incremental" if marker else "full", len(read), warnings,
                           snapshot=snapshot_info, engine="spark" if computed.table is None else "driver")
 
+    def table_files(self, name: str, records: Sequence[CommitRecord]) -> list[tuple[str, int]]:
+        """The typed files of table directory ``name`` that ``records`` committed, with their sizes.
+
+        From the records (exact on every store: a partition on an object store
+        can also hold a losing run's upload until recovery deletes it); records
+        of older versions name no files, so their partition is listed.
+        """
+        out: list[tuple[str, int]] = []
+        for r in records:
+            if r.partition is None:
+                continue
+            directory = self.fs.path(layout.TABLES, name, r.partition)
+            named = r.table_files.get(name)
+            if named:
+                out += [(f"{directory}/{f}", int(size)) for f, size in sorted(named.items())]
+            else:
+                out += [(f"{directory}/{n}", size) for n, is_dir, size in self.fs.list(directory)
+                        if not is_dir and n.startswith("part-")]
+        return out
+
+    def read_parquet(self, fs: Any, paths: Sequence[str], files: bool = False) -> Any:
+        """A Spark frame of Parquet ``paths`` (directories, or ``files``) with schemas merged; on an object store
+        the files are read by the tasks with pyarrow (:mod:`pgpoll.spark.arrow_files`: no Hadoop connector)."""
+        if fs.direct_writes:
+            from pgpoll.spark.arrow_files import files_frame, merged_schema
+
+            listed = list(paths) if files else [f"{p}/{n}" for p in paths for n, d, _s in fs.list(p)
+                                                 if not d and n.endswith(".parquet")]
+            return files_frame(self.spark, fs, listed, merged_schema(fs, listed))
+        return self.spark.read.option("mergeSchema", "true").parquet(*paths)
+
     def _spark_state(self, name: str, parsed: tuple[str, str], snap: Any, rule: SnapshotFilter | None,
-                     partitions: list[str], marker: dict[str, Any] | None) -> ComputedState:
+                     partitions: list[str], marker: dict[str, Any] | None, files: Sequence[str] = ()) -> ComputedState:
         """The table's new state as a Spark frame (:mod:`pgpoll.materialize.state`)."""
         qualified = f"{parsed[0]}.{parsed[1]}"
         shape = snap.shape if snap is not None else None
-        events = self.spark.read.option("mergeSchema", "true").parquet(*partitions) if partitions else None
+        events = None
+        if partitions:
+            events = self.read_parquet(self.fs, files, files=True) if self.fs.direct_writes else self.read_parquet(
+                self.fs, partitions)
         if events is not None and rule is not None and "_xid" not in events.columns:
             raise SinkError(f"{qualified}: the typed changes after snapshot {snap.snapshot_id} have no _xid column "
                             "(written by an older pgpoll ingest)", RESNAPSHOT_FIX)
@@ -295,7 +376,8 @@ class Materializer:
         if snap is not None:
             rule = snapshot_filter(snap, described, columns)
             previous = (_align(self._read_previous(name, events, key, columns), columns) if marker
-                        else base_frame(self.spark, snap, described, columns))
+                        else base_frame(self.spark, snap, described, columns,
+                                        lambda files: self.read_parquet(self.fs, files, files=True)))
         else:
             previous = _align(self._read_previous(name, events, key, columns), columns) if marker else None
             if marker is None and key and summary.touches:  # (only UPDATEs and DELETEs can touch such rows)
@@ -348,7 +430,7 @@ class Materializer:
                        columns: Sequence[StateColumn] = ()) -> Any:
         """The previous state of one table as a Spark frame (``events``, ``key``, ``columns``: what this run
         applies, for a subclass that reads only the part of the state they touch)."""
-        return self.spark.read.parquet(self.dest.path(name))
+        return self.read_parquet(self.dest, [self.dest.path(name)])
 
     def _write(self, name: str, frame: Any, marker: dict[str, Any], key: list[str]) -> int:
         """Write and publish the new state of one table (``key``: its identity columns); returns its rows.
@@ -404,14 +486,7 @@ def run_materialize(
     stop: StopRequest | None = None,
 ) -> list[TableState]:
     """Materialize the typed tables of ``opts.output``; see :class:`Materializer` (or ``materializer``,
-    e.g. :class:`pgpoll.materialize.delta_state.DeltaMaterializer`)."""
-    if spark is None:
-        from pgpoll.spark.session import spark_session
-
-        spark = spark_session("pgpoll-materialize")
-    from pgpoll.spark.session import configure_writes
-
-    configure_writes(spark)
-    job = (materializer or Materializer)(spark, opts)
-    job.stop = stop
+    e.g. :class:`pgpoll.materialize.delta_state.DeltaMaterializer`). Without ``spark``, one is started only
+    when a table needs a Spark job."""
+    job = (materializer or Materializer)(spark, opts, stop=stop)
     return job.run()

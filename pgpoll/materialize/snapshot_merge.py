@@ -86,14 +86,16 @@ def state_ddl(columns: Sequence[StateColumn]) -> str:
     return ", ".join([*own, "`_untyped` map<string,string>", "`_commit_lsn` bigint", "`_commit_ts` timestamp"])
 
 
-def base_frame(spark: Any, snap: TableSnapshot, described: TableSchema, columns: Sequence[StateColumn]) -> Any:
-    """The snapshot's rows as a state frame (no commit position: older than every change)."""
+def base_frame(spark: Any, snap: TableSnapshot, described: TableSchema, columns: Sequence[StateColumn],
+               read: Any = None) -> Any:
+    """The snapshot's rows as a state frame (no commit position: older than every change); ``read(files)``
+    reads Parquet files into a frame with schemas merged (default: Spark's reader)."""
     from pyspark.sql import functions as F
 
     files = snap.files
     if not files:
         return spark.createDataFrame([], state_ddl(columns))
-    rows = spark.read.option("mergeSchema", "true").parquet(*files)
+    rows = read(files) if read is not None else spark.read.option("mergeSchema", "true").parquet(*files)
     have = set(rows.columns)
     physical = {c.name: c.physical for c in snap.columns}
     picked = []

@@ -72,7 +72,8 @@ class ChangeTable:
     def __init__(self, fs: OutputFs) -> None:
         self.fs = fs
         found = delta_location(fs, layout.CHANGES)
-        self.uri, self.options = found if found is not None else (None, None)
+        self.uri: str | None = found[0] if found is not None else None
+        self.options: dict[str, str] | None = found[1] if found is not None else None
         self._table: Any = None
         self._done: int | None = None  # the newest record known to be in the Delta log
         if self.uri is None:
@@ -131,7 +132,7 @@ class ChangeTable:
             todo = [self._sized(r) for r in todo]
             try:
                 added += self._commit(todo, first=self._table is None)
-            except _Lost:
+            except _LostError:
                 continue  # another process added something meanwhile: read again
         raise SinkError(f"could not add the committed batches to {self.uri} after {_ATTEMPTS} attempts",
                         "check for other writers of changes/_delta_log; the next run completes it")
@@ -172,19 +173,19 @@ class ChangeTable:
                 self._table.update_incremental()
         except CommitFailedError:
             self._table = None
-            raise _Lost() from None
+            raise _LostError() from None
         except SinkError:
             raise
         except Exception as exc:
             if first and "already exists" in str(exc).lower():
                 self._table = None
-                raise _Lost() from None
+                raise _LostError() from None
             raise SinkError(f"cannot add batches to the change log's Delta table {self.uri}: {first_line(exc)}",
                             "check that the output is writable; the next run completes the Delta log") from None
         return done
 
 
-class _Lost(Exception):
+class _LostError(Exception):
     """Another process committed to the Delta log first."""
 
 

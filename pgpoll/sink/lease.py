@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pgpoll.errors import PgpollError, SinkError, SlotBusyError
+from pgpoll.errors import PgpollError, SlotBusyError
 from pgpoll.sink import layout
 from pgpoll.sink.filesystem import OutputFs
 

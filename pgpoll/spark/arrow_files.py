@@ -45,7 +45,8 @@ def _reader(fs: OutputFs, files: Sequence[str], schema: pa.Schema, constants: Se
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         arrow = fs.arrow()
         for batch in batches:
-            for index in batch.column(0).to_pylist():
+            for value in batch.column(0).to_pylist():
+                index = int(value or 0)
                 extra = constants[index] if constants is not None else {}
                 parquet = pq.ParquetFile(fs.arrow_path(files[index]), filesystem=arrow)
                 for part in parquet.iter_batches(batch_size=65_536):

@@ -39,7 +39,7 @@ def _publish(sink: BatchSink, plan: Plan, uploaded: UploadedBatch, *, span: int 
 
 
 def _keys(sink: BatchSink, *parts: str) -> set[str]:
-    listed = getattr(sink.fs, "list_files")(sink.fs.path(*parts))
+    listed = sink.fs.list_files(sink.fs.path(*parts))
     return {name for name, _size in listed}
 
 
@@ -56,8 +56,8 @@ def test_the_winner_publishes_in_place_and_its_delta_version_lists_the_batch(s3_
     uploaded = _upload(sink, plan, tmp_path, tables={"public.t": 1})
     assert sink.fs.exists(manifest_path(sink.fs, plan.id))
     record = _publish(sink, plan, uploaded)
-    assert getattr(record, "in_place") is True and getattr(record, "files") == sorted(uploaded.files)
-    partition = getattr(record, "partition")
+    assert record.in_place is True and record.files == sorted(uploaded.files)
+    partition = record.partition
     assert _keys(sink, layout.CHANGES, partition) == set(uploaded.files)
     assert _keys(sink, layout.TABLES, "public.t", partition) == set(uploaded.tables["public.t"])
     assert _keys(sink, layout.STAGING) == set()  # plan and manifest gone, nothing was moved
@@ -74,7 +74,7 @@ def test_a_loser_deletes_what_it_uploaded(s3_bucket: StoreBucket, tmp_path: Path
     won = _publish(a, plan_a, up_a)
     with pytest.raises(FenceLostError):
         _publish(b, plan_b, up_b)
-    assert _keys(a, layout.CHANGES, getattr(won, "partition")) == set(up_a.files)
+    assert _keys(a, layout.CHANGES, won.partition) == set(up_a.files)
     assert _keys(a, layout.STAGING) == set() and [r.run for r in CommitLog(a.fs).records()] == ["a"]
     assert _delta_files(a) == {f"{up_a.partition}/{name}" for name in up_a.files}
 

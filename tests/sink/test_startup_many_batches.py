@@ -11,11 +11,10 @@ can find something.
 
 from __future__ import annotations
 
-from typing import Any
-
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
