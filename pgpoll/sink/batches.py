@@ -44,7 +44,7 @@ from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
 from pgpoll.sink.change_table import ChangeTable
 from pgpoll.sink.commit_log import CHECKPOINT_EVERY, VERSION, CommitLog, CommitRecord, LogState
-from pgpoll.sink.filesystem import OutputFs, open_output
+from pgpoll.sink.filesystem import OutputFs, check_writable, open_output
 from pgpoll.sink.recovery import RecoveryReport, finish_moves, recover, remove_staging
 from pgpoll.sink.uploads import UploadedBatch, remove_uploads
 
@@ -101,18 +101,8 @@ class BatchSink:
         return self.fs.fenced
 
     def check_writable(self) -> None:
-        """Fail early (SinkError) when the output cannot be written: a probe file written and removed.
-
-        On an object store with a client that gives up within seconds (a wrong
-        secret, a missing bucket, a stopped endpoint), not after the patient
-        retries of a run's requests.
-        """
-        quick = getattr(self.fs, "quick", None)
-        fs: OutputFs = quick() if quick is not None else self.fs
-        fs.mkdirs(fs.path(layout.META))
-        probe = fs.path(layout.META, f"_probe-{uuid.uuid4().hex}")
-        fs.write_text(probe, "pgpoll")
-        fs.delete(probe)
+        """Fail early (SinkError) when the output cannot be written (:func:`pgpoll.sink.filesystem.check_writable`)."""
+        check_writable(self.fs)
 
     def recover(self, *, full: bool = True, slot: str | None = None, plugin: str | None = None) -> RecoveryReport:
         """Fenced recovery (:mod:`pgpoll.sink.recovery`), then the change log's Delta table completed (a crash may

@@ -14,6 +14,7 @@ store guarantees):
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from pgpoll.sink.local_files import (  # re-exported: the helpers every implementation shares
@@ -30,6 +31,7 @@ __all__ = [
     "FENCED_SCHEMES",
     "OutputFilesystem",
     "OutputFs",
+    "check_writable",
     "create_exclusive_local",
     "local_path",
     "needs_spark",
@@ -64,3 +66,18 @@ def open_output(output: str, spark: Any = None) -> OutputFs:
 def OutputFilesystem(spark: Any, root: str) -> OutputFs:  # noqa: N802 (the former class name, kept for callers)
     """The filesystem behind ``root`` (what :func:`open_output` gives)."""
     return open_output(root, spark)
+
+
+def check_writable(fs: OutputFs) -> None:
+    """Fail early (SinkError, exit 5) when the output cannot be written: a probe file written and removed.
+
+    On an object store with a client that gives up within seconds (a wrong
+    secret, a missing bucket, a stopped endpoint), not after the patient
+    retries of a run's requests; nothing is left behind.
+    """
+    quick = getattr(fs, "quick", None)
+    probe_fs: OutputFs = quick() if quick is not None else fs
+    probe_fs.mkdirs(probe_fs.path("_pgpoll"))
+    probe = probe_fs.path("_pgpoll", f"_probe-{uuid.uuid4().hex}")
+    probe_fs.write_text(probe, "pgpoll")
+    probe_fs.delete(probe)

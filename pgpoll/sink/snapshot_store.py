@@ -14,7 +14,9 @@ is harmless:
   manifest naming that attempt, then renames the attempt to the final name.
   The loser of the manifest race deletes its attempt; resume finishes the
   rename of a winner that died in between and deletes attempts no manifest
-  names;
+  names. On an object store (no rename) the attempt is written once at its
+  final key, ``chunk=<n>/part-00000-<uuid>.parquet``, and the manifest names
+  it; resume deletes the files under ``chunk=<n>/`` that no manifest names;
 * ``PATH/_pgpoll/snapshots/<sid>/complete.json`` -- when every chunk is in
   and the transactions in progress in any chunk's snapshot have finished
   (the convergence LSN). A snapshot is complete iff this file exists.
@@ -133,7 +135,10 @@ class SnapshotStore:
         return out
 
     def attempt(self, table_dir: str, n: int) -> tuple[str, str]:
-        """A fresh attempt file for chunk ``n``: ``(name, path)``."""
+        """A fresh attempt file for chunk ``n``: ``(name, path)`` (on an object store, at its final key)."""
+        if self.fs.direct_writes:
+            name = f"part-00000-{uuid.uuid4().hex}.parquet"
+            return name, self.data(table_dir, f"chunk={n}", name)
         name = f"{n}-{uuid.uuid4().hex}.parquet"
         return name, self.data(table_dir, layout.SNAPSHOT_ATTEMPTS, name)
 
@@ -146,16 +151,21 @@ class SnapshotStore:
 
         The loser deletes its own attempt and changes nothing else.
         """
-        doc = {**manifest, "n": n, "attempt": attempt_name, "files": [chunk_file(n)]}
-        attempt_path = self.data(table_dir, layout.SNAPSHOT_ATTEMPTS, attempt_name)
+        direct = self.fs.direct_writes
+        final = f"chunk={n}/{attempt_name}" if direct else chunk_file(n)
+        doc = {**manifest, "n": n, "attempt": attempt_name, "files": [final]}
+        attempt_path = self.data(table_dir, final) if direct else self.data(table_dir, layout.SNAPSHOT_ATTEMPTS, attempt_name)
         if not self.fs.create_exclusive(self.meta(table_dir, manifest_name(n)), json.dumps(doc, sort_keys=True)):
             self.fs.delete(attempt_path)
             return False
-        self._finish(table_dir, n, attempt_name)
+        if not direct:
+            self._finish(table_dir, n, attempt_name)
         return True
 
     def _finish(self, table_dir: str, n: int, attempt_name: str) -> bool:
         """Rename the winning attempt to its final name; False when neither exists (the data is lost)."""
+        if self.fs.direct_writes:  # written at its final key: nothing to rename
+            return self.fs.exists(self.data(table_dir, f"chunk={n}", attempt_name))
         final = self.final_path(table_dir, n)
         if self.fs.exists(final):
             return True
@@ -181,6 +191,13 @@ class SnapshotStore:
                 self.fs.delete(self.meta(table_dir, manifest_name(n)))
                 del done[n]
         named = {str(m.get("attempt", "")) for m in done.values()}
+        if self.fs.direct_writes:  # attempts sit under chunk=<n>/: delete those no manifest names
+            for chunk_dir, is_dir, _size in self.fs.list(self.data(table_dir)):
+                if is_dir and chunk_dir.startswith("chunk="):
+                    for name, _d, _s in self.fs.list(self.data(table_dir, chunk_dir)):
+                        if name not in named:
+                            self.fs.delete(self.data(table_dir, chunk_dir, name))
+            return done
         attempts = self.data(table_dir, layout.SNAPSHOT_ATTEMPTS)
         for name, _is_dir, _size in self.fs.list(attempts):
             if name not in named or self.fs.exists(self.final_path(table_dir, _attempt_chunk(name))):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from pgpoll.sink import layout
 from pgpoll.typed.schemas import TableSchema
 
 if TYPE_CHECKING:
+    from pgpoll.sink.output_fs import OutputFs
     from pgpoll.source.snapshot_catalog import SnapshotTable
     from pgpoll.source.snapshot_reads import ChunkSpec, ChunkStream
 
@@ -56,6 +56,10 @@ class ChunkWork:
     exported_relfilenode: int | None = None  # shared mode: the table's file node when that snapshot was taken
     row_filters: tuple[str, ...] = ()  # --row-filter specs (test_decoding), applied on the text values
     plan_relfilenode: int | None = None
+    fs: OutputFs | None = None  # the output with the driver's store settings (an object store's credentials travel here)
+
+    def __repr__(self) -> str:  # never show the DSN or a store's secret
+        return f"ChunkWork({self.snapshot_id!r}, {self.table_dir!r}, chunk {self.chunk.n})"
 
     @property
     def table_dir(self) -> str:
@@ -148,10 +152,13 @@ def _open(work: ChunkWork) -> Iterator[ChunkStream]:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def write_chunk(work: ChunkWork, path: str) -> tuple[ChunkStream, int]:
-    """Read the chunk into one Parquet file at ``path``, batch by batch; returns the stream and the row count."""
+def write_chunk(work: ChunkWork, path: str, fs: Any = None) -> tuple[ChunkStream, int]:
+    """Read the chunk into one Parquet file at ``path`` (of ``fs``, the output; None: a local path), batch by batch;
+    returns the stream and the row count. On an object store the file is one upload, whole when closed."""
     import pyarrow.parquet as pq
 
+    where: dict[str, Any] = {} if fs is None else {"filesystem": fs.arrow()}
+    target = path if fs is None else fs.arrow_path(path)
     schema: TableSchema = work.table.table_schema
     rows = 0
     writer: Any = None
@@ -163,12 +170,12 @@ def write_chunk(work: ChunkWork, path: str) -> tuple[ChunkStream, int]:
                     texts = filter_rows(texts, schema, work.row_filters)
                 typed = typed_chunk(texts, schema)
                 if writer is None:  # (dictionary encoding's buffers grew with the chunk's rows: measured)
-                    writer = pq.ParquetWriter(path, typed.schema, use_dictionary=False)
+                    writer = pq.ParquetWriter(target, typed.schema, use_dictionary=False, **where)
                 writer.write_table(typed.cast(writer.schema))
                 rows += typed.num_rows
             if writer is None:  # no rows: an empty file with the columns
                 empty = typed_chunk(pa.schema([pa.field(n, pa.string()) for n in work.table.names]).empty_table(), schema)
-                writer = pq.ParquetWriter(path, empty.schema)
+                writer = pq.ParquetWriter(target, empty.schema, **where)
                 writer.write_table(empty)
         finally:
             if writer is not None:
@@ -181,19 +188,19 @@ def run_chunk(work: ChunkWork) -> ChunkResult:
     from pgpoll.sink.filesystem import open_output
     from pgpoll.sink.snapshot_store import SnapshotStore, manifest_name, now_iso
 
-    store = SnapshotStore(open_output(work.output), work.snapshot_id)
+    store = SnapshotStore(work.fs if work.fs is not None else open_output(work.output), work.snapshot_id)
     n = int(work.chunk.n)
     if store.fs.exists(store.meta(work.table_dir, manifest_name(n))):
         return ChunkResult(work.table_dir, n)  # a retried task after its chunk was published
     attempt_name, attempt_path = store.attempt(work.table_dir, n)
     store.fs.mkdirs(attempt_path.rsplit("/", 1)[0])
     try:
-        read, rows = write_chunk(work, attempt_path)
+        read, rows = write_chunk(work, attempt_path, store.fs)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(attempt_path)
+        with contextlib.suppress(Exception):
+            store.fs.delete(attempt_path)
         raise
-    size = os.path.getsize(attempt_path)  # the task writes only local outputs (the driver refuses others)
+    size = int(store.fs.arrow().get_file_info(store.fs.arrow_path(attempt_path)).size or 0)
     if work.plan_relfilenode is not None and read.relfilenode != work.plan_relfilenode:
         log.info("chunk %d of %s: the table was rewritten since the plan (filenode %d, planned %d)",
                  n, work.table_dir, read.relfilenode, work.plan_relfilenode)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgpoll import stopping
 from pgpoll.errors import ConfigError, PgpollError, SinkError, TableRewrittenError, first_line
-from pgpoll.sink.filesystem import OutputFs, local_path, open_output
+from pgpoll.sink.filesystem import OutputFs, check_writable, needs_spark, open_output
 from pgpoll.sink.lease import Lease
 from pgpoll.sink.snapshot_store import SnapshotStore, find_resumable, new_snapshot_id, now_iso, table_lease
 from pgpoll.snapshot import planning
@@ -91,10 +91,10 @@ class SnapshotSummary:
 
 
 def _check_output(output: str) -> None:
-    if local_path(output) is None:
+    if needs_spark(output):
         raise ConfigError(
-            f"pgpoll snapshot writes only local paths and file: URIs, not {output!r}",
-            "snapshot to a local or file: output (the tasks write Parquet with pyarrow)",
+            f"pgpoll snapshot writes local paths, file: URIs and object stores (s3://, gs://, az://), not {output!r}",
+            "snapshot to a local path or an object store (the tasks write Parquet with pyarrow)",
         )
     from pgpoll.spark.filesystems import check_local_output
 
@@ -226,7 +226,7 @@ def _missing_works(store: SnapshotStore, plan: dict[str, Any], by_name: dict[tup
     done = store.manifests(entry["dir"])
     t = by_name[(entry["schema"], entry["table"])]
     return [
-        ChunkWork(dsn=dsn, output=opts.output, snapshot_id=store.snapshot_id, table=t,
+        ChunkWork(dsn=dsn, output=opts.output, fs=store.fs, snapshot_id=store.snapshot_id, table=t,
                   chunk=planning.chunk_from_json(c), lock_timeout_ms=int(opts.lock_timeout_s * 1000),
                   exported=exported, exported_relfilenode=exported_relfilenode, row_filters=opts.row_filters,
                   plan_relfilenode=entry.get("relfilenode"))
@@ -319,6 +319,7 @@ def run_snapshot(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | N
         summary.plugin, summary.tables = plugin, len(tables)
         summary.table_names = sorted(f"{t.schema}.{t.table}" for t in tables)
         fs = open_output(opts.output)
+        check_writable(fs)  # a wrong secret, a missing bucket, a stopped store: exit 5 in seconds, nothing written
         leases = _take_leases(fs, tables, uuid.uuid4().hex, opts.slot)  # busy: exit 3 before anything is written
         store, plan = _plan_or_resume(control, fs, opts, plugin, tables, summary)
         summary.snapshot_id = store.snapshot_id
