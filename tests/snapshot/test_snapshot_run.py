@@ -123,7 +123,7 @@ def test_a_second_snapshot_of_the_same_table_exits_3_at_once_and_writes_nothing(
     assert not (Path(out) / "snapshots").exists() and not (Path(out) / "_pgpoll" / "snapshots").exists()
 
 
-@pytest.mark.parametrize("extra", [["--tables", "public.nosuch"], ["--output", "s3a://bucket/x"]])
+@pytest.mark.parametrize("extra", [["--tables", "public.nosuch"], ["--output", "hdfs://namenode:8020/x"]])
 def test_an_unknown_table_or_an_unsupported_output_is_a_usage_error(db: Any, tmp_path: Path, extra: list[str]) -> None:
     args, out = _setup(db, tmp_path)
     code, summary, err = _run(db.dsn, *args, *extra)
