@@ -50,7 +50,7 @@ from typing import Any
 from pgpoll.errors import ConfigError
 from pgpoll.lsn import Lsn
 from pgpoll.sink.commit_log import CommitLog, CommitLogSummary, summarize
-from pgpoll.sink.filesystem import open_output
+from pgpoll.sink.filesystem import check_readable, open_output
 from pgpoll.source.connection import ConnectionTarget, connect
 from pgpoll.source.server_state import read_server_state, table_write_counts
 from pgpoll.source.slots import SlotInfo
@@ -237,6 +237,8 @@ def collect_status(
     :class:`pgpoll.errors.SlotNotFoundError` for a named slot that does not
     exist, :class:`pgpoll.errors.SinkError` when the output cannot be read.
     """
+    if output is not None:
+        check_readable(open_output(output))  # an unreachable store, a wrong secret: exit 5 in seconds
     log_summary = summarize(output) if output is not None else None
     wanted = _output_slot(log_summary, slot) if log_summary is not None else slot
     notes: list[str] = []

@@ -8,7 +8,7 @@ import click
 
 from pgpoll.cli.output import echo_json, echo_table
 from pgpoll.sink.commit_log import CommitLog, CommitRecord
-from pgpoll.sink.filesystem import open_output
+from pgpoll.sink.filesystem import check_readable, open_output
 
 
 def batch_row(record: CommitRecord) -> dict[str, Any]:
@@ -53,7 +53,8 @@ def _short_time(text: str | None) -> str:
 
 
 @click.command("batches")
-@click.option("--output", required=True, help="The output path pgpoll ingest writes (local path or file: URI).")
+@click.option("--output", required=True, help="The output path pgpoll ingest writes (a local path, file: URI or "
+              "object store: s3://, gs://, az://).")
 @click.option("--last", type=click.IntRange(min=1), default=None, help="Only the newest N batches (totals over those).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per batch, then {\"totals\": ...}.")
 def command(output: str, last: int | None, as_json: bool) -> None:
@@ -61,7 +62,9 @@ def command(output: str, last: int | None, as_json: bool) -> None:
 
     Reads only the commit log (no Spark, no database connection).
     """
-    rows = [batch_row(r) for r in CommitLog(open_output(output)).records()]
+    fs = open_output(output)
+    check_readable(fs)  # an unreachable store, a wrong secret: exit 5 in seconds
+    rows = [batch_row(r) for r in CommitLog(fs).records()]
     if last is not None:
         rows = rows[-last:]
     summary = totals(rows)

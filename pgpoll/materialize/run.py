@@ -77,7 +77,7 @@ from pgpoll.materialize.table_pool import run_in_order
 from pgpoll.materialize.visibility import SnapshotFilter
 from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CommitLog, CommitRecord
-from pgpoll.sink.filesystem import local_path, needs_spark, open_output
+from pgpoll.sink.filesystem import check_readable, check_writable, local_path, needs_spark, open_output
 from pgpoll.sink.typed_tables import SchemaStore, load_ledger
 from pgpoll.stopping import StopRequest, StopRequestedError
 from pgpoll.table_patterns import TablePatterns
@@ -230,6 +230,9 @@ class Materializer:
                 "(an object store) does not have",
                 "materialize to an object store with --format delta (one atomic Delta commit per table and run)",
             )
+        check_readable(self.fs)  # an unreachable store, a wrong secret: exit 5 in seconds, nothing written
+        if self.dest.direct_writes:
+            check_writable(self.dest)
         has_log = self.fs.exists(self.fs.path(layout.COMMITS))
         snapshotted = self.snapshots.table_dirs()
         if not has_log and not snapshotted:

@@ -31,6 +31,7 @@ __all__ = [
     "FENCED_SCHEMES",
     "OutputFilesystem",
     "OutputFs",
+    "check_readable",
     "check_writable",
     "create_exclusive_local",
     "local_path",
@@ -81,3 +82,11 @@ def check_writable(fs: OutputFs) -> None:
     probe = probe_fs.path("_pgpoll", f"_probe-{uuid.uuid4().hex}")
     probe_fs.write_text(probe, "pgpoll")
     probe_fs.delete(probe)
+
+
+def check_readable(fs: OutputFs) -> None:
+    """Fail early (SinkError, exit 5) when the output cannot be read: one listing, through a client that gives
+    up within seconds on an object store (read-only commands: ``status``, ``batches``, materialize's input)."""
+    quick = getattr(fs, "quick", None)
+    probe_fs: OutputFs = quick() if quick is not None else fs
+    probe_fs.list(probe_fs.path("_pgpoll"))
