@@ -80,6 +80,9 @@ CLIENT_ENV: dict[str, tuple[tuple[str, str], ...]] = {
 
 #: Where the emulator's blob endpoint is when ``AZURE_STORAGE_USE_EMULATOR`` is set (object_store reads it too).
 AZURITE_ENV = "AZURITE_BLOB_STORAGE_URL"
+#: Azurite's well-known account and key (published by Microsoft for the emulator; not a secret).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 _SECRET_WORDS = ("SECRET", "KEY", "TOKEN", "PASSWORD", "SAS", "CREDENTIAL")
 CONNECT_TIMEOUT = timedelta(seconds=5)
@@ -222,7 +225,7 @@ class StoreLocation:
     def _build(self) -> Any:
         from obstore.store import AzureStore, GCSStore, S3Store
 
-        settings = {k: v for k, v in self.settings if k != AZURITE_ENV}
+        settings = self._explicit()
         retry = ({"max_retries": MAX_RETRIES, "retry_timeout": RETRY_TIMEOUT,
                   "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=15), "base": 2}}
                  if self.patient else
@@ -236,23 +239,33 @@ class StoreLocation:
             return S3Store(self.bucket, config=cast(Any, settings), **common)
         if self.kind == "gs":
             return GCSStore(self.bucket, config=cast(Any, settings), **common)
-        emulator = dict(self.settings).get(AZURITE_ENV)
-        if emulator and "AZURE_STORAGE_ENDPOINT" not in settings and "AZURE_ENDPOINT" not in settings:
-            settings["AZURE_STORAGE_ENDPOINT"] = emulator.rstrip("/") + "/" + (
-                settings.get("AZURE_STORAGE_ACCOUNT_NAME") or "devstoreaccount1")
         return AzureStore(self.bucket, config=cast(Any, settings), **common)
+
+    def _explicit(self) -> dict[str, str]:
+        """The settings with Azurite's emulator spelled out: object_store reads the emulator's address from
+        ``AZURITE_BLOB_STORAGE_URL`` in the environment of the process that builds the client, which a Spark
+        task's process need not have; the endpoint, account and key travel with the settings instead."""
+        settings = {k: v for k, v in self.settings if k != AZURITE_ENV}
+        emulator = dict(self.settings).get(AZURITE_ENV) or "http://127.0.0.1:10000"
+        if self.kind == "az" and settings.get("AZURE_STORAGE_USE_EMULATOR", "").strip().lower() in ("1", "true", "yes"):
+            del settings["AZURE_STORAGE_USE_EMULATOR"]
+            account = settings.setdefault("AZURE_STORAGE_ACCOUNT_NAME", AZURITE_ACCOUNT)
+            if account == AZURITE_ACCOUNT:
+                settings.setdefault("AZURE_STORAGE_ACCOUNT_KEY", AZURITE_KEY)
+            if "AZURE_ENDPOINT" not in settings:
+                settings.setdefault("AZURE_STORAGE_ENDPOINT", f"{emulator.rstrip('/')}/{account}")
+        return settings
 
     def delta_options(self) -> dict[str, str]:
         """The storage options delta-rs needs for this store (the same variable names, as strings)."""
-        options = {k: v for k, v in self.settings if k != AZURITE_ENV}
+        options = self._explicit()
         names = {"s3": "AWS", "gs": "GOOGLE", "az": "AZURE"}[self.kind]
         for key, value in self.client:
             options[f"{names}_{key.upper()}"] = value
             options[key] = value
-        emulator = dict(self.settings).get(AZURITE_ENV)
-        if emulator and "AZURE_STORAGE_ENDPOINT" not in options:
-            options["AZURE_STORAGE_ENDPOINT"] = emulator.rstrip("/") + "/" + (
-                options.get("AZURE_STORAGE_ACCOUNT_NAME") or "devstoreaccount1")
+        if self.kind == "az" and options.get("AZURE_STORAGE_ENDPOINT", "").startswith("http://"):
+            options.setdefault("AZURE_ALLOW_HTTP", "true")
+            options.setdefault("allow_http", "true")
         return options
 
 
