@@ -136,7 +136,7 @@ def encode_arrow_schema(schema: pa.Schema) -> pa.Schema:
 
 
 def logical_table(table: pa.Table) -> pa.Table:
-    """``table`` (read from a pgpoll Delta table, e.g. ``DeltaTable(...).to_pyarrow_table()``) with its columns
+    """``table`` (read from a pgpoll Delta table, e.g. :func:`pgpoll.sink.delta_read.read_delta`) with its columns
     under their PostgreSQL names."""
     names = arrow_names(table.schema)
     return table.rename_columns([names[n] for n in table.column_names])

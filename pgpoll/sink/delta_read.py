@@ -52,6 +52,7 @@ def read_delta(path: str, version: int | None = None, fs: OutputFs | None = None
     """Every row of the Delta table at ``path`` (partition columns appended as strings), read with pyarrow."""
     fs = fs or open_output(path)
     arrow = fs.arrow()
+    declared = pa.schema(open_delta(fs, version).schema().to_arrow())
     tables: list[pa.Table] = []
     for file, values in delta_files(fs, version):
         table = pq.read_table(fs.arrow_path(file), filesystem=arrow)
@@ -59,6 +60,9 @@ def read_delta(path: str, version: int | None = None, fs: OutputFs | None = None
             table = table.append_column(name, pa.array([value] * table.num_rows, pa.string()))
         tables.append(table)
     if not tables:
-        schema = open_delta(fs, version).schema().to_arrow()
-        return pa.schema(schema).empty_table()
-    return pa.concat_tables(tables, promote_options="permissive")
+        return declared.empty_table()
+    read = pa.concat_tables(tables, promote_options="permissive")
+    # the columns' metadata as the Delta schema declares it (pgpoll.name: a column's PostgreSQL name)
+    fields = [f.with_metadata(declared.field(f.name).metadata) if f.name in declared.names and declared.field(
+        f.name).metadata else f for f in read.schema]
+    return pa.Table.from_arrays(read.columns, schema=pa.schema(fields, metadata=read.schema.metadata))

@@ -18,6 +18,7 @@ from deltalake import DeltaTable
 from pgpoll.cli.main import cli
 from pgpoll.materialize import delta_files
 from pgpoll.materialize.delta_names import FORBIDDEN, METADATA_KEY, delta_schema_names, encode, logical_table
+from pgpoll.sink.delta_read import read_delta
 from tests.ingest.conftest import capture_args, ingest
 from tests.materialize.test_delta_mirror import duckdb_delta_rows
 
@@ -43,7 +44,7 @@ def _source(db: Any) -> list[dict[str, Any]]:
 
 
 def _delta(table: Path) -> list[dict[str, Any]]:
-    read = logical_table(DeltaTable(str(table)).to_pyarrow_table()).select(list(COLUMNS))
+    read = logical_table(read_delta(str(table))).select(list(COLUMNS))
     return sorted(read.to_pylist(), key=lambda r: r["the id"])
 
 

@@ -16,6 +16,7 @@ from pgpoll.errors import SinkError, SlotBusyError
 from pgpoll.materialize.delta_files import always_rewritten, has_key_stats, range_rows, refusal
 from pgpoll.materialize.delta_table import DataFile, DeltaStateTable, app_id, delta_uri, footer_files
 from pgpoll.materialize.dest_lease import LEASE_FILE, DestLease
+from pgpoll.sink.delta_read import read_delta
 from pgpoll.sink.local_fs import open_local
 
 APP = app_id("file:/lake/state")
@@ -30,7 +31,7 @@ def _file(root: Path, name: str, ids: list[int]) -> DataFile:
 
 
 def _ids(root: Path, version: int | None = None) -> list[int]:
-    return sorted(DeltaTable(str(root), version=version).to_pyarrow_table().column("id").to_pylist())
+    return sorted(read_delta(str(root), version).column("id").to_pylist())
 
 
 def test_commits_replace_the_pinned_state_and_record_the_position(tmp_path: Path) -> None:
