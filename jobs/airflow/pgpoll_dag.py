@@ -88,8 +88,8 @@ Behaviour
   --slot SLOT --output OUTPUT [--publication P] [--tables T] [--parallelism N]
   --json``. Exit 3 (a snapshot of one of these tables is already running)
   ends the task *skipped*; exits 2 (usage: a pattern matching nothing, a
-  table outside the publication, an output that is not a local path or
-  ``file:`` URI) and 5 (the output) fail at once; anything
+  table outside the publication, an ``hdfs:`` output) and 5 (the output: a
+  store's wrong credentials, a missing bucket) fail at once; anything
   else (4: lock timeout, slot missing or lost, a hot standby; Spark failing;
   130/143) is retried with backoff, which is safe: a rerun with the same
   arguments resumes, reading only the chunks it lacks. Runs queue one at a

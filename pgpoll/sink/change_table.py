@@ -87,19 +87,25 @@ class ChangeTable:
 
     def _load(self) -> Any:
         """The table at its newest version (None: no table yet)."""
-        from deltalake import DeltaTable
+        from pgpoll.sink.object_fs import retrying
 
         try:
-            if self._table is not None:
-                self._table.update_incremental()
-                return self._table
-            if not DeltaTable.is_deltatable(self.uri or "", storage_options=self.options):
-                return None
-            self._table = DeltaTable(self.uri or "", storage_options=self.options)
-            return self._table
+            return retrying(f"read {self.uri}/_delta_log", self._load_once, store="the change log's Delta table")
         except Exception as exc:
+            self._table = None
             raise SinkError(f"cannot read the change log's Delta table {self.uri}: {first_line(exc)}",
                             "check that the output is reachable; the next run completes the Delta log") from None
+
+    def _load_once(self) -> Any:
+        from deltalake import DeltaTable
+
+        if self._table is not None:
+            self._table.update_incremental()
+            return self._table
+        if not DeltaTable.is_deltatable(self.uri or "", storage_options=self.options):
+            return None
+        self._table = DeltaTable(self.uri or "", storage_options=self.options)
+        return self._table
 
     def added(self) -> int:
         """The newest record in the Delta log (0: none)."""
@@ -134,6 +140,15 @@ class ChangeTable:
                 added += self._commit(todo, first=self._table is None)
             except _LostError:
                 continue  # another process added something meanwhile: read again
+            except SinkError as exc:
+                from pgpoll.sink.object_fs import transient
+
+                if not transient(exc):
+                    raise
+                log.warning("%s (retrying)", exc.message)
+                self._table = None
+                time.sleep(1.0)
+                continue
         raise SinkError(f"could not add the committed batches to {self.uri} after {_ATTEMPTS} attempts",
                         "check for other writers of changes/_delta_log; the next run completes it")
 
@@ -180,9 +195,17 @@ class ChangeTable:
             if first and "already exists" in str(exc).lower():
                 self._table = None
                 raise _LostError() from None
-            raise SinkError(f"cannot add batches to the change log's Delta table {self.uri}: {first_line(exc)}",
+            raise SinkError(f"cannot add batches to the change log's Delta table {self.uri}: {_detail(exc)}",
                             "check that the output is writable; the next run completes the Delta log") from None
         return done
+
+
+def _detail(exc: BaseException) -> str:
+    """An error's first line, and the status a store answered when the first line does not say it."""
+    text = str(exc)
+    line = first_line(exc)
+    status = next((w for w in ("503", "500", "502", "504", "429", "SlowDown", "timed out") if w in text and w not in line), None)
+    return f"{line} ({status})" if status else line
 
 
 class _LostError(Exception):

@@ -63,6 +63,9 @@ def read_delta(path: str, version: int | None = None, fs: OutputFs | None = None
         return declared.empty_table()
     read = pa.concat_tables(tables, promote_options="permissive")
     # the columns' metadata as the Delta schema declares it (pgpoll.name: a column's PostgreSQL name)
-    fields = [f.with_metadata(declared.field(f.name).metadata) if f.name in declared.names and declared.field(
-        f.name).metadata else f for f in read.schema]
-    return pa.Table.from_arrays(read.columns, schema=pa.schema(fields, metadata=read.schema.metadata))
+    fields = []
+    for f in read.schema:
+        meta: dict[Any, Any] | None = declared.field(f.name).metadata if f.name in declared.names else None
+        fields.append(f.with_metadata(meta) if meta else f)
+    schema_meta: dict[Any, Any] | None = read.schema.metadata
+    return pa.Table.from_arrays(read.columns, schema=pa.schema(fields, metadata=schema_meta))

@@ -28,7 +28,10 @@ their query strings (an Azure SAS token travels there).
 from __future__ import annotations
 
 import builtins
+import logging
+import random
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -40,6 +43,11 @@ if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
 T = TypeVar("T")
+log = logging.getLogger("pgpoll.sink")
+ATTEMPTS = 6
+"""Attempts of one operation on a patient client (the client retries each request a few times itself first)."""
+_THROTTLED = re.compile(r"\b(500|502|503|504|429)\b|SlowDown|Throttl|InternalError|ServiceUnavailable", re.IGNORECASE)
+_NETWORK = re.compile(r"RequestTimeout|timed out|error sending request|connection (reset|closed)|broken pipe", re.IGNORECASE)
 _QUERY = re.compile(r"\?[^\s\"']*")
 _URL = re.compile(r"https?://[^\s\"']+")
 
@@ -49,6 +57,31 @@ def _clean(text: str) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
     line = _QUERY.sub("", line)
     return line[:400]
+
+
+def transient(exc: BaseException, network: bool = True) -> bool:
+    """Whether a failed request is worth repeating: throttling and server errors, and (``network``) timeouts and
+    broken connections. Credentials, missing buckets and refused preconditions are not."""
+    text = str(exc)
+    return bool(_THROTTLED.search(text) or (network and _NETWORK.search(text)))
+
+
+def retrying(what: str, fn: Callable[[], T], *, store: str = "the store", patient: bool = True) -> T:
+    """``fn()``, repeated with exponential backoff while it fails transiently (:func:`transient`), each retry logged.
+
+    For pgpoll's own requests (:meth:`ObjectStoreOutputFs._call`) and delta-rs's (the change log's Delta table).
+    """
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if attempt == ATTEMPTS or not transient(exc, network=patient):
+                raise
+            wait = min(30.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+            log.warning("%s: cannot %s (%s); retrying in %.1f s (attempt %d of %d)", store, what,
+                        _clean(str(exc))[:160], wait, attempt + 1, ATTEMPTS)
+            time.sleep(wait)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def store_error(location: StoreLocation, what: str, path: str, exc: BaseException) -> SinkError:
@@ -109,8 +142,14 @@ class ObjectStoreOutputFs:
         return "/".join(p for p in (self.location.prefix, rel) if p)
 
     def _call(self, what: str, path: str, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
+        """``fn()``, retried with backoff (and logged) while the store throttles or the network fails.
+
+        Every operation here is safe to repeat: reads, listings, deletes and
+        overwrites are idempotent, and a conditional write whose first attempt
+        did land recognises its own bytes (see the module docstring).
+        """
+        try:  # a start-up check (not patient) waits out throttling only: an unreachable store fails at once
+            return retrying(f"{what} {path}", fn, store=self.location.name, patient=self.location.patient)
         except SinkError:
             raise
         except Exception as exc:

@@ -20,10 +20,12 @@ the process that runs it, as the cloud SDKs do.
 
 Two client settings differ from object_store's defaults on purpose: a
 connection must be made within :data:`CONNECT_TIMEOUT`, and the retries
-come in two kinds. A run's requests are *patient*: retried up to
-:data:`MAX_RETRIES` times with exponential backoff (throttling such as S3's
-``503 SlowDown``, timeouts and connection resets; object_store retries only
-what is safe to repeat), and each retry is logged. The first requests of a
+come in two kinds. A run's requests are *patient*: the client retries
+each one up to :data:`MAX_RETRIES` times with exponential backoff (throttling
+such as S3's ``503 SlowDown``, timeouts and connection resets; object_store
+retries only what is safe to repeat), and pgpoll repeats a failed operation
+a few more times with a longer backoff, logging each attempt
+(:class:`pgpoll.sink.object_fs.ObjectStoreOutputFs`). The first requests of a
 command (:meth:`StoreLocation.quick`) are not: a wrong secret, a missing
 bucket or a stopped endpoint is reported within seconds, not after minutes
 of backoff.
@@ -87,8 +89,8 @@ AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1
 _SECRET_WORDS = ("SECRET", "KEY", "TOKEN", "PASSWORD", "SAS", "CREDENTIAL")
 CONNECT_TIMEOUT = timedelta(seconds=5)
 REQUEST_TIMEOUT = timedelta(seconds=120)
-MAX_RETRIES = 8
-RETRY_TIMEOUT = timedelta(seconds=120)
+MAX_RETRIES = 3
+RETRY_TIMEOUT = timedelta(seconds=30)
 QUICK_RETRIES = 2
 QUICK_RETRY_TIMEOUT = timedelta(seconds=4)
 _STORE_NAMES = {"s3": "S3", "gs": "Google Cloud Storage", "az": "Azure Blob Storage"}
@@ -227,7 +229,7 @@ class StoreLocation:
 
         settings = self._explicit()
         retry = ({"max_retries": MAX_RETRIES, "retry_timeout": RETRY_TIMEOUT,
-                  "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=15), "base": 2}}
+                  "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=2), "base": 2}}
                  if self.patient else
                  {"max_retries": QUICK_RETRIES, "retry_timeout": QUICK_RETRY_TIMEOUT,
                   "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=1), "base": 2}})
@@ -266,6 +268,10 @@ class StoreLocation:
         if self.kind == "az" and options.get("AZURE_STORAGE_ENDPOINT", "").startswith("http://"):
             options.setdefault("AZURE_ALLOW_HTTP", "true")
             options.setdefault("allow_http", "true")
+        # delta-rs's own client retries like pgpoll's (delta-rs's "Advanced object storage configuration")
+        options.update({"max_retries": str(MAX_RETRIES), "retry_timeout": f"{int(RETRY_TIMEOUT.total_seconds())}s",
+                        "backoff_config.init_backoff": "200ms", "backoff_config.max_backoff": "2s",
+                        "connect_timeout": f"{int(CONNECT_TIMEOUT.total_seconds())}s"})
         return options
 
 
