@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 log = logging.getLogger("pgpoll.sink")
+ONE_PUT = 64 << 20
+"""Files up to this size are uploaded with one PUT of their bytes; larger ones in parts of :data:`PART_SIZE`."""
+PART_SIZE = 16 << 20
 ATTEMPTS = 6
 """Attempts of one operation on a patient client (the client retries each request a few times itself first)."""
 _THROTTLED = re.compile(r"\b(500|502|503|504|429)\b|SlowDown|Throttl|InternalError|ServiceUnavailable", re.IGNORECASE)
@@ -352,9 +355,28 @@ class ObjectStoreOutputFs:
         return f"{self.location.bucket}/{self.key(path)}"
 
     def put_file(self, local: str, path: str) -> int:
-        """Upload a local file to ``path`` (multipart when large); it appears whole or not at all."""
+        """Upload a local file to ``path``; it appears whole or not at all, and its size is checked afterwards.
+
+        A file up to :data:`ONE_PUT` bytes goes up as one PUT of its bytes in
+        memory, a larger one in parts (a buffered multipart upload). Not as a
+        streamed body: a PUT retried after a throttling answer cannot rewind a
+        stream, and was seen storing an empty object.
+        """
         import obstore
 
         size = Path(local).stat().st_size
-        self._call("write", path, lambda: obstore.put(self.store, self.key(path), Path(local)))
+        key = self.key(path)
+
+        def upload() -> None:
+            if size <= ONE_PUT:
+                obstore.put(self.store, key, Path(local).read_bytes())
+            else:
+                with open(local, "rb") as source, obstore.open_writer(self.store, key, buffer_size=PART_SIZE) as sink:
+                    while chunk := source.read(PART_SIZE):
+                        sink.write(chunk)
+            stored = self._head(key)
+            if stored is None or int(stored["size"]) != size:  # (retried: the store answered 503-like)
+                raise OSError(f"503 upload of {key} stored {None if stored is None else stored['size']} of {size} bytes")
+
+        self._call("write", path, upload)
         return size

@@ -111,15 +111,22 @@ def serve(target_host: str, target_port: int) -> None:
                 return
             conn = http.client.HTTPConnection(*state.target, timeout=120)
             try:
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-                conn.request(self.command, self.path, body=body, headers=headers)
+                # the request as the client sent it: no header added, none reordered
+                conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+                for name, value in self.headers.items():
+                    if name.lower() not in _HOP:
+                        conn.putheader(name, value)
+                conn.endheaders(body)
                 reply = conn.getresponse()
                 data = reply.read()
                 self.send_response(reply.status, reply.reason)
+                head = self.command == "HEAD"  # (its Content-Length is the object's size, with no body)
                 for name, value in reply.getheaders():
-                    if name.lower() not in _HOP and name.lower() not in ("content-length", "transfer-encoding"):
+                    if name.lower() not in _HOP and name.lower() != "transfer-encoding" and (
+                            head or name.lower() != "content-length"):
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
+                if not head:
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
