@@ -93,11 +93,11 @@ def serve(target_host: str, target_port: int) -> None:
             if not parsed.path.startswith(_CONTROL):
                 return False
             with state.lock:
+                body = json.dumps({"counts": dict(state.counts), "throttled": state.throttled}).encode()
                 if parsed.path == f"{_CONTROL}/throttle":
                     state.throttle = int(parse_qs(parsed.query)["n"][0])
                 elif parsed.path == f"{_CONTROL}/reset":
                     state.counts, state.throttled = Counter(), 0
-                body = json.dumps({"counts": dict(state.counts), "throttled": state.throttled}).encode()
             self._reply(200, body, "application/json")
             return True
 
