@@ -52,6 +52,9 @@ PARTITION_COLUMN = "lsn_range"
 TABLE_SCHEMA = ENVELOPE_SCHEMA.append(pa.field(PARTITION_COLUMN, pa.string()))
 """The Delta schema: the envelope's columns and the partition column (as a Hive-partitioned read shows it)."""
 _ATTEMPTS = 20
+TABLE_CONFIGURATION = {"delta.checkpointInterval": "10"}
+"""A checkpoint every 10 versions (Delta's default is 100): opening the table reads its newest checkpoint and at
+most 10 commit files after it, not 100 (on an object store each is a request, at every start of a run)."""
 
 
 def delta_location(fs: OutputFs, *parts: str) -> tuple[str, dict[str, str] | None] | None:
@@ -98,13 +101,15 @@ class ChangeTable:
 
     def _load_once(self) -> Any:
         from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
 
         if self._table is not None:
             self._table.update_incremental()
             return self._table
-        if not DeltaTable.is_deltatable(self.uri or "", storage_options=self.options):
+        try:
+            self._table = DeltaTable(self.uri or "", storage_options=self.options)
+        except TableNotFoundError:
             return None
-        self._table = DeltaTable(self.uri or "", storage_options=self.options)
         return self._table
 
     def added(self) -> int:
@@ -175,7 +180,7 @@ class ChangeTable:
                                               custom_metadata={"pgpoll": json.dumps({"records": len(todo)})})
                 create_table_with_add_actions(self.uri or "", schema, [a for r in todo for a in _adds(r)], mode="error",
                                               partition_by=[PARTITION_COLUMN], storage_options=self.options,
-                                              commit_properties=properties)
+                                              commit_properties=properties, configuration=TABLE_CONFIGURATION)
                 self._done = todo[-1].seq
                 return [r.seq for r in todo]
             for record in todo:

@@ -368,7 +368,8 @@ class CommitLog:
     def read_pointer(self) -> dict[str, Any] | None:
         """The pointer's content (None when absent or unreadable); ``clean`` is taken over from it."""
         try:
-            data = json.loads(self.fs.read_text(self.pointer_path)) if self.fs.exists(self.pointer_path) else None
+            found = self.fs.read_tagged(self.pointer_path)
+            data = json.loads(found[0]) if found is not None else None
         except (SinkError, ValueError):
             data = None  # being rewritten (Hadoop's replace is delete, then rename), or damaged: list
         if not isinstance(data, dict) or not isinstance(data.get("seq"), int):

@@ -79,7 +79,7 @@ def check_writable(fs: OutputFs) -> None:
     quick = getattr(fs, "quick", None)
     probe_fs: OutputFs = quick() if quick is not None else fs
     probe_fs.mkdirs(probe_fs.path("_pgpoll"))
-    probe = probe_fs.path("_pgpoll", f"_probe-{uuid.uuid4().hex}")
+    probe = probe_fs.path("_pgpoll", f"_probe-{uuid.uuid4().hex}.json")
     probe_fs.write_text(probe, "pgpoll")
     probe_fs.delete(probe)
 

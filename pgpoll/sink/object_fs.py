@@ -62,6 +62,11 @@ def _clean(text: str) -> str:
     return line[:400]
 
 
+def _is_file_name(key: str) -> bool:
+    """Whether ``key`` names one of pgpoll's files (they all end so; its directories never do)."""
+    return key.endswith((".json", ".parquet"))
+
+
 def transient(exc: BaseException, network: bool = True) -> bool:
     """Whether a failed request is worth repeating: throttling and server errors, and (``network``) timeouts and
     broken connections. Credentials, missing buckets and refused preconditions are not."""
@@ -168,7 +173,11 @@ class ObjectStoreOutputFs:
             return None
 
     def exists(self, path: str) -> bool:
-        """True when an object is at ``path`` or any key lies under it."""
+        """True when an object is at ``path`` or any key lies under it.
+
+        A name ending in ``.json`` or ``.parquet`` is one of pgpoll's files,
+        never a directory: one HEAD answers (no listing).
+        """
         import obstore
 
         key = self.key(path)
@@ -176,6 +185,8 @@ class ObjectStoreOutputFs:
         def check() -> bool:
             if key and self._head(key) is not None:
                 return True
+            if _is_file_name(key):
+                return False
             # any key below (a recursive listing: SeaweedFS keeps empty "directories" as common prefixes)
             first = next(iter(obstore.list(self.store, key + "/" if key else None, chunk_size=1)), None)
             return bool(first)
@@ -205,10 +216,14 @@ class ObjectStoreOutputFs:
                         continue
 
     def delete(self, path: str) -> None:
-        """Delete the object at ``path`` and every key under it (no error when there is none)."""
+        """Delete the object at ``path`` and every key under it (no error when there is none); one of pgpoll's
+        files (a name ending in ``.json`` or ``.parquet``) with one request."""
         key = self.key(path)
 
         def remove() -> None:
+            if _is_file_name(key):
+                self._delete_keys([key])
+                return
             keys = self._keys_under(key)
             if key and self._head(key) is not None:
                 keys.append(key)

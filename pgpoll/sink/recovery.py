@@ -138,8 +138,9 @@ def remove_staging(fs: OutputFs, sid: str, *, keep_uploads: bool = False) -> Non
         fs.delete(manifest_path(fs, sid))
     else:
         remove_uploads(fs, sid)
-    fs.delete(fs.path(layout.STAGING, sid))
-    fs.delete(fs.path(layout.STAGING, sid + layout.TABLES_SUFFIX))
+    if not fs.direct_writes:  # (on an object store nothing is ever staged there)
+        fs.delete(fs.path(layout.STAGING, sid))
+        fs.delete(fs.path(layout.STAGING, sid + layout.TABLES_SUFFIX))
     fs.delete(fs.path(layout.STAGING, sid + layout.PLAN_SUFFIX))
 
 
@@ -260,15 +261,11 @@ def recover(fs: OutputFs, commit_log: CommitLog, *, full: bool = True, run: str 
 
 def _planned_on(fs: OutputFs, sid: str) -> int | None:
     """The head a staging id was planned on (None: no readable plan, so never a live run's)."""
-    path = fs.path(layout.STAGING, sid + layout.PLAN_SUFFIX)
-    if not fs.exists(path):
+    found = fs.read_tagged(fs.path(layout.STAGING, sid + layout.PLAN_SUFFIX))  # (None: removed by its own run)
+    if found is None:
         return None
     try:
-        return int(json.loads(fs.read_text(path))["planned_on"])
-    except SinkError:
-        if fs.exists(path):
-            raise
-        return None  # removed meanwhile by its own run
+        return int(json.loads(found[0])["planned_on"])
     except (ValueError, KeyError, TypeError):
         return None  # a plan file is written whole (temp file, then rename): unreadable means damaged
 

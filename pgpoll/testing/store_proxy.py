@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -32,6 +33,7 @@ from urllib.parse import parse_qs, urlparse
 _SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
               b"<Message>Please reduce your request rate.</Message></Error>")
 _CONTROL = "/__pgpoll_proxy"
+_LOG = os.environ.get("PGPOLL_PROXY_TRACE", "")  # a file to append "KIND path" to for every request (debugging)
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers", "upgrade"}
 
 
@@ -106,6 +108,9 @@ def serve(target_host: str, target_port: int) -> None:
             body = self.rfile.read(length) if length else None
             if self._control():
                 return
+            if _LOG:
+                with open(_LOG, "a", encoding="utf-8") as trace:
+                    trace.write(f"{request_kind(self.command, self.path)} {self.path}\n")
             if state.take(request_kind(self.command, self.path)):
                 self._reply(503, _SLOW_DOWN)
                 return
