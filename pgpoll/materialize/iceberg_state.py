@@ -1,0 +1,221 @@
+"""``pgpoll materialize --format iceberg``: each table's current state as an Apache Iceberg table in a catalog.
+
+The state is computed exactly as for the other formats
+(:class:`pgpoll.materialize.run.Materializer`: in the driver with pyarrow,
+or with Spark); what differs is where the previous state comes from and how
+the new one is published:
+
+* the catalog (:mod:`pgpoll.materialize.iceberg_catalog`) holds the table
+  ``(schema,), table``; the run pins its current snapshot, and the
+  commit-log position, schema id and output the state reflects are pgpoll's
+  properties in the newest pgpoll snapshot's summary;
+* the previous rows are read with pyiceberg's Arrow scan: every data file of
+  a small state; of a large one, when exact, only the files whose key range
+  may hold a key the changes touch, chosen exactly as for Delta
+  (:func:`pgpoll.materialize.delta_files.refusal`,
+  :func:`pgpoll.materialize.driver_files.touched_files`), the others kept;
+* the new state (an Arrow table; a Spark-computed one is collected to Arrow
+  in the driver) is sorted on the key and written by pyiceberg in files of
+  at most :data:`pgpoll.materialize.delta_files.TARGET_ROWS` rows, and
+  committed as one snapshot that deletes the files it replaces
+  (:mod:`pgpoll.materialize.iceberg_table`).
+
+Data files of a run that died before its commit are in no snapshot: readers
+never see them (an orphan-file clean-up removes them). A commit lost to
+another writer removes the run's files and fails (exit 5). The destination
+lease (exit 3) lives in DEST (``--to``, default ``OUTPUT/state``), also when
+the catalog is remote: runs that share a catalog should share a DEST.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import pyarrow as pa
+
+from pgpoll.errors import ConfigError
+from pgpoll.lsn import Lsn
+from pgpoll.materialize import delta_files
+from pgpoll.materialize.change_summary import replay_key
+from pgpoll.materialize.delta_files import PartialPlan, refusal
+from pgpoll.materialize.driver_files import comparable_key, touched_files
+from pgpoll.materialize.driver_run import sorted_on, state_schema
+from pgpoll.materialize.driver_state import (
+    DRIVER_AFFECTED_BYTES,
+    DRIVER_AFFECTED_ROWS,
+    DRIVER_BYTES,
+    DRIVER_ROWS,
+    touched_key_values,
+)
+from pgpoll.materialize.iceberg_catalog import describe, identifier, open_catalog
+from pgpoll.materialize.iceberg_table import IcebergStateTable, PinnedSnapshot, write_data_files
+from pgpoll.materialize.iceberg_types import iceberg_type, same_type, to_state_types
+from pgpoll.materialize.run import MaterializeOptions, Materializer, TableState
+from pgpoll.materialize.state import StateColumn
+from pgpoll.sink import layout
+from pgpoll.sink.commit_log import CommitRecord
+from pgpoll.sink.filesystem import local_path
+from pgpoll.sink.local_fs import open_local
+
+log = logging.getLogger("pgpoll.materialize")
+
+
+@dataclass
+class IcebergTableState(TableState):
+    """What a ``--format iceberg`` run did for one table: its catalog, the snapshot it is at, and the files the
+    commit rewrote, added and kept."""
+
+    catalog: str | None = None
+    iceberg_snapshot: int | None = None
+    files: dict[str, int] | None = None
+
+    def to_json(self) -> str:
+        """One line of JSON (``files`` only when a snapshot was committed)."""
+        out = json.loads(super().to_json())
+        if self.files is None:
+            del out["files"]
+        return json.dumps(out, sort_keys=True)
+
+
+class IcebergMaterializer(Materializer):
+    """Materializes the typed tables of one output path as Iceberg tables (see the module docstring)."""
+
+    def __init__(self, spark: Any, opts: MaterializeOptions) -> None:
+        remote_to = opts.to is not None and local_path(opts.to) is None
+        # a remote DEST is checked before anything opens it: without a catalog, exit 2 naming the settings
+        self.catalog = open_catalog(opts.catalog, opts.to or "") if remote_to else None
+        super().__init__(spark, replace(opts, to=None) if remote_to else opts)
+        if remote_to and opts.to is not None:  # (the lease file, through pyarrow: Spark reaches no object store here)
+            self.opts = opts
+            self.dest = open_local(opts.to)
+        if self.catalog is None:
+            self.catalog = open_catalog(opts.catalog, local_path(self.dest.root) or self.dest.root)
+        self.run_id = uuid.uuid4().hex[:12]
+        self._pins: dict[str, PinnedSnapshot] = {}
+        self._plans: dict[str, PartialPlan] = {}
+        self._snapshots: dict[str, int | None] = {}
+        self._files: dict[str, dict[str, int]] = {}
+        self._locations: dict[str, str] = {}
+
+    def iceberg_table(self, name: str) -> IcebergStateTable:
+        """The catalog table of the table directory name ``name`` (``<schema>.<table>``, escaped)."""
+        parsed = layout.parse_table_dir_name(name)
+        if parsed is None:
+            raise ConfigError(f"{name} is no table name", "check the output")
+        return IcebergStateTable(self.catalog, identifier(*parsed), self.fs.root)
+
+    def _table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
+        state = super()._table(name, parsed, records)
+        state.format = "iceberg"
+        state.path = self._locations.get(name, state.path)
+        return IcebergTableState(**{f.name: getattr(state, f.name) for f in fields(state)}, catalog=describe(self.catalog),
+                                 iceberg_snapshot=self._snapshots.get(name), files=self._files.get(name))
+
+    def _read_marker(self, name: str) -> dict[str, Any] | None:
+        pinned = self._pins[name] = self.iceberg_table(name).pin()
+        self._snapshots[name] = pinned.snapshot_id
+        if pinned.table is not None:
+            self._locations[name] = str(pinned.table.location())
+        meta = pinned.meta
+        if (pinned.snapshot_id is None or self.opts.full or meta is None or meta.get("output") != self.fs.root
+                or not pinned.tasks or "schema-id" not in meta):
+            return None  # a full rebuild, committed over the pinned snapshot
+        return {"position": meta["position"], "rows": int(meta.get("rows", "0")), "schema_id": meta["schema-id"],
+                "snapshot_id": meta.get("snapshot-id") or None}
+
+    def _arrow(self, name: str, paths: Sequence[str] | None, schema: pa.Schema) -> pa.Table | None:
+        """The pinned snapshot's rows (of ``paths``; None: all) as Arrow, typed like the state where Iceberg
+        holds the same type."""
+        pinned = self._pins[name]
+        table = self.iceberg_table(name).read(pinned, paths)
+        return None if table is None else to_state_types(table, schema)
+
+    def _same_schema(self, pinned: PinnedSnapshot, schema: pa.Schema) -> bool:
+        """Whether the table's Iceberg schema is the state's (files kept beside new ones must read alike)."""
+        current = pinned.table.schema().fields
+        return [f.name for f in current] == schema.names and all(
+            same_type(f.field_type, iceberg_type(schema.field(f.name).type)) for f in current)
+
+    def driver_previous(self, name: str, events: Any, key: list[str], columns: list[StateColumn],
+                        schema: Any) -> tuple[Any, str | None]:
+        """The pinned snapshot's rows the driver needs: every file of a small table; of a large one, only the
+        files that may hold a key the changes touch (the others are kept by the commit); or why Spark does it."""
+        import pyarrow.compute as pc
+
+        pinned = self._pins[name]
+        self._plans.pop(name, None)
+        stats = pinned.stats(key)
+        if self.engine == "driver" or (sum(f.records for f in stats) <= DRIVER_ROWS
+                                       and sum(f.size for f in stats) <= DRIVER_BYTES):
+            return self._arrow(name, None, schema), None
+        if events is None:
+            return None, "no new changes (a large Iceberg state)"
+        meta = pinned.meta or {}
+        previous_key = replay_key(self.store.load(meta["schema-id"])) if meta.get("schema-id") else []
+        truncated = bool(pc.any(pc.equal(events.column("_op"), pa.scalar("T"))).as_py())
+        why = refusal(stats, key, previous_key, truncated=truncated, identity_changes=False,
+                      same_schema=self._same_schema(pinned, schema))
+        if why is None and pinned.has_row_deletes:
+            why = "row deletes written by another engine"
+        if why is None and not comparable_key(schema, key):
+            why = "a key compared by Spark's rules (not an integer or a string)"
+        touched = touched_files(stats, key, touched_key_values(events, columns, key)) if why is None else None
+        if why is None and touched is None:
+            why = "too many key comparisons"
+        affected = tuple(f for f in stats if touched is not None and f.path in touched)
+        if why is None and (sum(f.records for f in affected) > DRIVER_AFFECTED_ROWS
+                            or sum(f.size for f in affected) > DRIVER_AFFECTED_BYTES):
+            why = "the changes touch a large part of the state"
+        if why is not None:
+            return None, f"{why} (a large Iceberg state)"
+        self._plans[name] = PartialPlan(affected, tuple(f for f in stats if f not in affected))
+        log.info("%s: rewriting %d of %d file(s) in the driver", name, len(affected), len(stats))
+        table = self._arrow(name, [f.path for f in affected], schema) if affected else None
+        return (table if table is not None else schema.empty_table()), None
+
+    def _read_previous(self, name: str, events: Any = None, key: Sequence[str] = (),
+                       columns: Sequence[StateColumn] = ()) -> Any:
+        """The pinned snapshot's rows as a Spark frame (read with pyiceberg into the driver: every file)."""
+        self._plans.pop(name, None)
+        table = self._arrow(name, None, state_schema(columns))
+        return self.spark.createDataFrame(table)
+
+    def _write(self, name: str, frame: Any, marker: dict[str, Any], key: list[str]) -> int:
+        """Commit a state computed by Spark: collected to Arrow in the driver (timestamps in UTC), then as
+        :meth:`_write_arrow`."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        wanted = to_arrow_schema(frame.schema, timezone="UTC")
+        table = frame.toArrow()
+        return self._write_arrow(name, pa.Table.from_arrays([table.column(i).cast(f.type) for i, f in enumerate(wanted)],
+                                                            schema=wanted), marker, key)
+
+    def _write_arrow(self, name: str, table: Any, marker: dict[str, Any], key: list[str]) -> int:
+        """Commit the state (or, with a plan, the rewritten files' rows) as the table's next snapshot."""
+        pinned = self._pins[name]
+        plan = self._plans.pop(name, None)
+        rows = int(table.num_rows) + (sum(f.records for f in plan.kept) if plan is not None else 0)
+        laid = sorted_on(table, key)
+        properties = {"position": marker["position"], "schema-id": marker["schema_id"], "table": marker["table"],
+                      "rows": rows, "run": self.run_id, "output": self.fs.root}
+        if marker.get("snapshot_id"):
+            properties["snapshot-id"] = marker["snapshot_id"]
+        replaces = [pinned.tasks[f.path].file for f in plan.affected] if plan is not None else None
+        target = self.iceberg_table(name)
+        snapshot, added = target.commit(
+            pinned, table.schema, lambda metadata, io: write_data_files(metadata, io, laid, delta_files.TARGET_ROWS),
+            replaces, properties, int(Lsn.parse(marker["position"])), force=self.opts.full or name in self.rebuilt)
+        if snapshot is None:
+            log.info("%s: position %s was already applied; nothing committed", name, marker["position"])
+            return int((pinned.meta or {}).get("rows", rows))
+        self._snapshots[name] = snapshot
+        self._files[name] = (plan or PartialPlan(pinned.stats(()), ())).counts(len(added))
+        loaded = target.load()
+        if loaded is not None:
+            self._locations[name] = str(loaded.location())
+        return rows
