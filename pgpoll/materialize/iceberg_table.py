@@ -259,7 +259,7 @@ class IcebergStateTable:
         """A transaction on the pinned table (or creating the table) with the state's schema applied."""
         wanted = nullable_schema(schema)
         if pinned.table is None:
-            self.catalog.create_namespace_if_not_exists(self.identifier[:1])
+            self._namespace()
             return self.catalog.create_table_transaction(self.identifier, schema=wanted, properties=NO_RETRY)
         current = pinned.table.schema()
         refused = refused_changes(type_changes(current, schema))
@@ -281,6 +281,15 @@ class IcebergStateTable:
                 for name in dropped:
                     update.delete_column(name)
         return tx
+
+    def _namespace(self) -> None:
+        """Create the table's namespace unless it exists (tables of one schema are committed at once: one wins)."""
+        namespace = self.identifier[:1]
+        try:
+            self.catalog.create_namespace_if_not_exists(namespace)
+        except Exception:  # (NamespaceAlreadyExistsError, or the SQL catalog's unique-key error)
+            if not self.catalog.namespace_exists(namespace):
+                raise
 
     def _io(self, metadata: Any) -> Any:
         from pyiceberg.io import load_file_io
