@@ -19,7 +19,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 from pgpoll.cli.main import cli
 from pgpoll.ingest.faults import FAULT_EXIT
-from pgpoll.materialize import delta_files, driver_run, iceberg_state
+from pgpoll.materialize import delta_files, driver_run, iceberg_state, iceberg_table
 from pgpoll.materialize.dest_lease import LEASE_FILE, DestLease
 from pgpoll.sink.local_fs import open_local
 from tests.ingest.conftest import capture_args, ingest
@@ -238,3 +238,62 @@ def test_an_incremental_run_rewrites_only_the_files_holding_changed_keys(
     assert {p: r for p, r in second.items() if p in first} == {p: r for p, r in first.items() if p not in holding}
     assert _iceberg(dest) == _source(db) and tables[0]["rows"] == 1049
     assert len(_snapshots(dest)) == 2
+
+
+def _together(spark: Any, out: str, n: int = 2) -> list[int]:
+    """``n`` materialize runs started together in threads (on the shared SparkSession): their exit codes, sorted."""
+    import threading
+
+    from pgpoll.cli.exitcodes import exit_code_for
+    from pgpoll.materialize.iceberg_state import IcebergMaterializer
+    from pgpoll.materialize.run import MaterializeOptions, run_materialize
+
+    start = threading.Barrier(n)
+    codes: list[int] = []
+
+    def one() -> None:
+        start.wait(timeout=60)
+        try:
+            run_materialize(MaterializeOptions(output=out), spark, materializer=IcebergMaterializer)
+            codes.append(0)
+        except Exception as error:
+            codes.append(exit_code_for(error))
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    return sorted(codes)
+
+
+@pytest.mark.parametrize("lease", ["on", "off"])
+def test_two_runs_together_commit_at_most_one_snapshot(
+    db: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lease: str
+) -> None:
+    """With the lease: [0, 3] (or [0, 0] when the second starts after the first finished). Without it (a run that
+    outlived its lease), both compute the state and meet at the commit: the catalog takes one, the other exits 5."""
+    ingest_args, out, dest = _setup(db, tmp_path)
+    db.execute("INSERT INTO t VALUES (1, 'a', 1, NULL)")
+    assert ingest(db.dsn, *ingest_args).exit_code == 0
+    assert _run(out)[0] == 0
+    db.execute("INSERT INTO t VALUES (2, 'b', 2, NULL)")
+    db.execute("UPDATE t SET name = 'a2' WHERE id = 1")
+    assert ingest(db.dsn, *ingest_args).exit_code == 0
+    if lease == "off":
+        import threading
+
+        monkeypatch.setenv("PGPOLL_TEST_NO_LOCK", "1")
+        both = threading.Barrier(2)
+
+        def meet_before_commit(point: str, configured: str | None = None) -> None:
+            if point == "materialize-before-commit":
+                both.wait(timeout=120)  # both runs passed the snapshot check and wrote their files: the catalog decides
+
+        monkeypatch.setattr(iceberg_table.faults, "crash_if", meet_before_commit)
+    codes = _together(spark, out)
+    assert codes in ([0, 3], [0, 0]) if lease == "on" else codes == [0, 5], codes
+    assert len(_snapshots(dest)) == 2 and _iceberg(dest) == _source(db)
+    files = {Path(t.file.file_path[len("file://"):]) for t in catalog(dest).load_table(("public", "t")).scan().plan_files()}
+    first_run = {p for p in (dest / "public" / "t" / "data").iterdir()} - files
+    assert len(first_run) == 1  # the first snapshot's file; the losing run's files were removed
