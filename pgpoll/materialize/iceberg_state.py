@@ -31,20 +31,22 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pgpoll.errors import ConfigError
 from pgpoll.lsn import Lsn
 from pgpoll.materialize import delta_files
 from pgpoll.materialize.change_summary import replay_key
-from pgpoll.materialize.delta_files import PartialPlan, refusal
+from pgpoll.materialize.delta_files import PartialPlan, laid_out, refusal, write_options
 from pgpoll.materialize.driver_files import comparable_key, touched_files
-from pgpoll.materialize.driver_run import sorted_on, state_schema
+from pgpoll.materialize.driver_run import parquet_files, sorted_on, state_schema
 from pgpoll.materialize.driver_state import (
     DRIVER_AFFECTED_BYTES,
     DRIVER_AFFECTED_ROWS,
@@ -53,7 +55,7 @@ from pgpoll.materialize.driver_state import (
     touched_key_values,
 )
 from pgpoll.materialize.iceberg_catalog import describe, identifier, open_catalog
-from pgpoll.materialize.iceberg_table import IcebergStateTable, PinnedSnapshot, write_data_files
+from pgpoll.materialize.iceberg_table import IcebergStateTable, PinnedSnapshot, write_data_files, write_parquet_files
 from pgpoll.materialize.iceberg_types import iceberg_type, same_type, to_state_types
 from pgpoll.materialize.run import MaterializeOptions, Materializer, TableState
 from pgpoll.materialize.state import StateColumn
@@ -186,30 +188,49 @@ class IcebergMaterializer(Materializer):
         return self.spark.createDataFrame(table)
 
     def _write(self, name: str, frame: Any, marker: dict[str, Any], key: list[str]) -> int:
-        """Commit a state computed by Spark: collected to Arrow in the driver (timestamps in UTC), then as
-        :meth:`_write_arrow`."""
+        """Commit a state computed by Spark: laid out and cut into files of at most ``TARGET_ROWS`` rows as for
+        Delta, written by Spark as Parquet into a scratch directory of a local output, then rewritten by pyiceberg
+        one file at a time (the state never has to fit in the driver); a remote output collects it to Arrow."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
         wanted = to_arrow_schema(frame.schema, timezone="UTC")
-        table = frame.toArrow()
-        return self._write_arrow(name, pa.Table.from_arrays([table.column(i).cast(f.type) for i, f in enumerate(wanted)],
-                                                            schema=wanted), marker, key)
+        scratch = self.fs.path("_pgpoll", f"iceberg-{self.run_id}", name)
+        local = local_path(scratch)
+        if local is None:
+            table = frame.toArrow()
+            return self._write_arrow(name, pa.Table.from_arrays(
+                [table.column(i).cast(f.type) for i, f in enumerate(wanted)], schema=wanted), marker, key)
+        self._plans.pop(name, None)  # (Spark's state is every row: _read_previous read every file)
+        laid_out(frame, key, None).write.options(**write_options()).parquet(scratch)
+        try:
+            paths = parquet_files(local)
+            rows = sum(pq.read_metadata(p).num_rows for p in paths)
+            return self._commit(name, wanted, rows, marker, None,
+                                lambda metadata, io: write_parquet_files(metadata, io, paths, wanted))
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
 
     def _write_arrow(self, name: str, table: Any, marker: dict[str, Any], key: list[str]) -> int:
         """Commit the state (or, with a plan, the rewritten files' rows) as the table's next snapshot."""
-        pinned = self._pins[name]
         plan = self._plans.pop(name, None)
-        rows = int(table.num_rows) + (sum(f.records for f in plan.kept) if plan is not None else 0)
         laid = sorted_on(table, key)
+        rows = int(table.num_rows) + (sum(f.records for f in plan.kept) if plan is not None else 0)
+        return self._commit(name, table.schema, rows, marker, plan,
+                            lambda metadata, io: write_data_files(metadata, io, laid, delta_files.TARGET_ROWS))
+
+    def _commit(self, name: str, schema: pa.Schema, rows: int, marker: dict[str, Any], plan: PartialPlan | None,
+                write: Callable[[Any, Any], list[Any]]) -> int:
+        """Commit the files ``write`` writes (``rows`` rows of the state, with the plan's kept files) as the next
+        snapshot; returns the state's rows."""
+        pinned = self._pins[name]
         properties = {"position": marker["position"], "schema-id": marker["schema_id"], "table": marker["table"],
-                      "rows": rows, "run": self.run_id, "output": self.fs.root}
+                      "rows": rows, "run": self.run_id}
         if marker.get("snapshot_id"):
             properties["snapshot-id"] = marker["snapshot_id"]
         replaces = [pinned.tasks[f.path].file for f in plan.affected] if plan is not None else None
         target = self.iceberg_table(name)
-        snapshot, added = target.commit(
-            pinned, table.schema, lambda metadata, io: write_data_files(metadata, io, laid, delta_files.TARGET_ROWS),
-            replaces, properties, int(Lsn.parse(marker["position"])), force=self.opts.full or name in self.rebuilt)
+        snapshot, added = target.commit(pinned, schema, write, replaces, properties, int(Lsn.parse(marker["position"])),
+                                        force=self.opts.full or name in self.rebuilt)
         if snapshot is None:
             log.info("%s: position %s was already applied; nothing committed", name, marker["position"])
             return int((pinned.meta or {}).get("rows", rows))

@@ -217,7 +217,8 @@ class IcebergStateTable:
         writes the data files (for the metadata the snapshot will have, so
         new columns have their ids) and returns them; ``replaces`` are the
         pinned files they replace (None: every file). ``properties`` go into
-        the snapshot summary under ``pgpoll.``. Raises :class:`SinkError` when
+        the snapshot summary under ``pgpoll.`` (with ``output``, this
+        table's output path: a position is one output's). Raises :class:`SinkError` when
         another writer committed after ``pinned`` or a type change is one
         Iceberg does not allow.
         """
@@ -234,7 +235,7 @@ class IcebergStateTable:
         added = write(tx.table_metadata, io)
         faults.crash_if(BEFORE_COMMIT)  # (tests: killed with its data files written, before the catalog commit)
         removed = pinned.data_files() if replaces is None else list(replaces)
-        summary = {PREFIX + k: str(v) for k, v in properties.items()}
+        summary = {PREFIX + k: str(v) for k, v in {**properties, "output": self.output}.items()}
         try:
             with tx.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
                 for f in removed:
@@ -303,6 +304,19 @@ class IcebergStateTable:
                 io.delete(f.file_path)
             except Exception:  # (a file left behind is in no snapshot: readers never see it)
                 continue
+
+
+def write_parquet_files(metadata: Any, io: Any, paths: Sequence[str], schema: pa.Schema) -> list[Any]:
+    """Write the rows of the local Parquet files ``paths`` (Spark's output, each at most one file's rows) as one
+    data file each, cast to the state's Arrow ``schema``; one file in memory at a time."""
+    import pyarrow.parquet as pq
+
+    out: list[Any] = []
+    for path in paths:
+        rows = pq.read_table(path)
+        cast = pa.Table.from_arrays([rows.column(f.name).cast(f.type) for f in schema], schema=schema)
+        out += write_data_files(metadata, io, cast, max(cast.num_rows, 1))
+    return out
 
 
 def write_data_files(metadata: Any, io: Any, table: pa.Table, rows_per_file: int) -> list[Any]:

@@ -119,12 +119,15 @@ def promotable(old: Any, new: Any) -> bool:
     """Whether Iceberg allows changing a column from ``old`` to ``new`` (the same type, or a spec promotion)."""
     from pyiceberg.exceptions import ResolveError
     from pyiceberg.schema import promote
-    from pyiceberg.types import PrimitiveType
+    from pyiceberg.types import DecimalType, PrimitiveType
 
     if same_type(old, new):
         return True
     if not isinstance(old, PrimitiveType) or not isinstance(new, PrimitiveType):
         return False
+    if isinstance(old, DecimalType) and isinstance(new, DecimalType):
+        # the spec: precision may grow, the scale stays (pyiceberg 0.12's promote compares the old scale with itself)
+        return new.precision >= old.precision and new.scale == old.scale
     try:
         promote(old, new)
     except ResolveError:
