@@ -57,3 +57,12 @@ def test_odd_names_round_trip_and_every_reader_reads_them(tmp_path: Path, monkey
         assert sorted(reader(loaded), key=lambda r: r["the id"]) == rows.to_pylist(), reader
     # the same position again commits nothing
     assert table.commit(table.pin(), rows.schema, lambda md, io: [], None, {"position": "0/10"}, 16) == (None, [])
+
+
+def test_catalog_goes_with_format_iceberg_only(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from pgpoll.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["materialize", "--output", str(tmp_path), "--catalog", "lake"])
+    assert result.exit_code == 2 and "--catalog applies to --format iceberg only" in result.stderr
