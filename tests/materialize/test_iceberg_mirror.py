@@ -99,8 +99,8 @@ def test_iceberg_tables_mirror_the_source(db: Any, spark: Any, tmp_path: Path, p
 
     monkeypatch.setenv("POLARS_ICEBERG_PLANNER", "pyiceberg")
     out = tmp_path / "out"
-    open_catalog = lambda: catalog(out / "state")  # noqa: E731 (a fresh catalog object per read: what a reader sees)
-    monkeypatch.setattr(test_mirror, "_state_schema", iceberg_schema_of(open_catalog))
+    # pgoutput: a second DEST computed with Spark in the last two rounds (a first build, then an incremental run
+    # that reads the previous state through pyiceberg into Spark)
     db.require_plugin(plugin)
     work = Workload(db, seed=db.major * 10 + 5 + (plugin == "pgoutput"))
     work.create()
@@ -122,15 +122,20 @@ def test_iceberg_tables_mirror_the_source(db: Any, spark: Any, tmp_path: Path, p
         crashed = ingest_process(db.dsn, *args, env={"PGPOLL_FAULT": fault})
         assert crashed.exit_code == 137, f"fault {fault}: {crashed.stderr[-2000:]}"
         assert ingest(db.dsn, *args).exit_code == 0
-        code, tables, err = materialize(str(out), "--format", "iceberg")
-        assert code == 0, err
-        for t in tables:  # one snapshot per changed table and run
-            assert t["format"] == "iceberg", t
-            history = len(list(open_catalog().load_table(("public", t["table"].split(".")[1])).snapshots()))
-            assert history == snapshots.get(t["table"], 0) + (t["mode"] != "unchanged"), (t, history)
-            snapshots[t["table"]] = history
-        for table in TABLES:
-            if open_catalog().table_exists(("public", table)):
-                for reader in READERS.values():
-                    _assert_mirror(db, _Rows(open_catalog, reader), out, table)
-    assert set(snapshots) >= {"public.t_types", "public.t_toast", "public.t_full"}
+        dests = {"state": "driver", "state-spark": "spark"} if plugin == "pgoutput" and round_number else {"state": "driver"}
+        for dest, engine in dests.items():
+            open_catalog = lambda dest=dest: catalog(out / dest)  # noqa: E731 (a fresh catalog object per read)
+            monkeypatch.setattr(test_mirror, "_state_schema", iceberg_schema_of(open_catalog))
+            monkeypatch.setenv("PGPOLL_MATERIALIZE_ENGINE", engine if engine == "spark" else "auto")
+            code, tables, err = materialize(str(out), "--format", "iceberg", "--to", str(out / dest))
+            assert code == 0, err
+            for t in tables:  # one snapshot per changed table and run
+                assert t["format"] == "iceberg" and t.get("engine") in (engine, None), t
+                history = len(list(open_catalog().load_table(("public", t["table"].split(".")[1])).snapshots()))
+                assert history == snapshots.get(dest + t["table"], 0) + (t["mode"] != "unchanged"), (t, history)
+                snapshots[dest + t["table"]] = history
+            for table in TABLES:
+                if open_catalog().table_exists(("public", table)):
+                    for reader in READERS.values():
+                        _assert_mirror(db, _Rows(open_catalog, reader), out, table)
+    assert set(snapshots) >= {"statepublic.t_types", "statepublic.t_toast", "statepublic.t_full"}
