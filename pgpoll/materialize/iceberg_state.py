@@ -43,8 +43,8 @@ import pyarrow.parquet as pq
 from pgpoll.errors import ConfigError
 from pgpoll.lsn import Lsn
 from pgpoll.materialize import delta_files
-from pgpoll.materialize.change_summary import replay_key
-from pgpoll.materialize.delta_files import PartialPlan, laid_out, refusal, write_options
+from pgpoll.materialize.change_summary import identity_segments, replay_key
+from pgpoll.materialize.delta_files import PartialPlan, laid_out, refusal, scan_changes, write_options
 from pgpoll.materialize.driver_files import comparable_key, touched_files
 from pgpoll.materialize.driver_run import parquet_files, sorted_on, state_schema
 from pgpoll.materialize.driver_state import (
@@ -57,7 +57,7 @@ from pgpoll.materialize.driver_state import (
 from pgpoll.materialize.iceberg_catalog import describe, identifier, open_catalog
 from pgpoll.materialize.iceberg_table import IcebergStateTable, PinnedSnapshot, write_data_files, write_parquet_files
 from pgpoll.materialize.iceberg_types import iceberg_type, same_type, to_state_types
-from pgpoll.materialize.run import MaterializeOptions, Materializer, TableState
+from pgpoll.materialize.run import MaterializeOptions, Materializer, TableState, _align
 from pgpoll.materialize.state import StateColumn
 from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CommitRecord
@@ -103,6 +103,7 @@ class IcebergMaterializer(Materializer):
         self._snapshots: dict[str, int | None] = {}
         self._files: dict[str, dict[str, int]] = {}
         self._locations: dict[str, str] = {}
+        self._columns: dict[str, list[StateColumn]] = {}  # per table: the state's columns (Spark: to align kept rows)
 
     def iceberg_table(self, name: str) -> IcebergStateTable:
         """The catalog table of the table directory name ``name`` (``<schema>.<table>``, escaped)."""
@@ -182,10 +183,44 @@ class IcebergMaterializer(Materializer):
 
     def _read_previous(self, name: str, events: Any = None, key: Sequence[str] = (),
                        columns: Sequence[StateColumn] = ()) -> Any:
-        """The pinned snapshot's rows as a Spark frame (read with pyiceberg into the driver: every file)."""
+        """The pinned snapshot's rows as a Spark frame, read with pyiceberg: for an incremental run, when exact,
+        only the files that may hold a key ``events`` touch (found with the Delta path's Spark join:
+        :func:`pgpoll.materialize.delta_files.scan_changes`), the others kept by the commit; else every file."""
         self._plans.pop(name, None)
-        table = self._arrow(name, None, state_schema(columns))
-        return self.spark.createDataFrame(table)
+        self._columns[name] = list(columns)
+        pinned = self._pins[name]
+        schema = state_schema(columns)
+        stats = pinned.stats(key)
+        why = "no new changes" if events is None else self._refusal(pinned, stats, list(key), schema)
+        scan = None
+        if why is None:
+            scan = scan_changes(self.spark, events, columns, key, stats)
+            identity_changes = scan.shapes > 1 and len(identity_segments(self.summaries[name], self.store)) > 1
+            why = "a TRUNCATE" if scan.truncated else "the replica identity changed" if identity_changes else None
+        if why is not None or scan is None:
+            log.info("%s: rewriting every file (%s)", name, why)
+            return self._frame(self._arrow(name, None, schema), schema)
+        affected = tuple(f for f in stats if f.path in scan.touched)
+        self._plans[name] = PartialPlan(affected, tuple(f for f in stats if f not in affected))
+        log.info("%s: rewriting %d of %d file(s)", name, len(affected), len(stats))
+        return self._frame(self._arrow(name, [f.path for f in affected], schema) if affected else None, schema)
+
+    def _refusal(self, pinned: PinnedSnapshot, stats: Sequence[Any], key: list[str], schema: pa.Schema) -> str | None:
+        """Why an incremental run with Spark rewrites every file, as far as the state tells (None: the changes
+        decide)."""
+        meta = pinned.meta or {}
+        previous_key = replay_key(self.store.load(meta["schema-id"])) if meta.get("schema-id") else []
+        why = refusal(stats, key, previous_key, truncated=False, identity_changes=False,
+                      same_schema=self._same_schema(pinned, schema))
+        if why is None and pinned.has_row_deletes:
+            why = "row deletes written by another engine"
+        if why is None and not comparable_key(schema, key):
+            why = "a key that is not an integer or a string"
+        return why
+
+    def _frame(self, table: pa.Table | None, schema: pa.Schema) -> Any:
+        """``table`` (None: no rows) as a Spark frame."""
+        return self.spark.createDataFrame(table if table is not None else schema.empty_table())
 
     def _write(self, name: str, frame: Any, marker: dict[str, Any], key: list[str]) -> int:
         """Commit a state computed by Spark: laid out and cut into files of at most ``TARGET_ROWS`` rows as for
@@ -200,12 +235,16 @@ class IcebergMaterializer(Materializer):
             table = frame.toArrow()
             return self._write_arrow(name, pa.Table.from_arrays(
                 [table.column(i).cast(f.type) for i, f in enumerate(wanted)], schema=wanted), marker, key)
-        self._plans.pop(name, None)  # (Spark's state is every row: _read_previous read every file)
+        plan = self._plans.pop(name, None)
+        if plan is not None and not self._same_schema(self._pins[name], wanted):
+            log.info("%s: the new state's schema differs from the kept files'; rewriting every file", name)
+            kept = self._frame(self._arrow(name, [f.path for f in plan.kept], wanted) if plan.kept else None, wanted)
+            frame, plan = frame.unionByName(_align(kept, self._columns.get(name, []))), None
         laid_out(frame, key, None).write.options(**write_options()).parquet(scratch)
         try:
             paths = parquet_files(local)
-            rows = sum(pq.read_metadata(p).num_rows for p in paths)
-            return self._commit(name, wanted, rows, marker, None,
+            rows = sum(pq.read_metadata(p).num_rows for p in paths) + (sum(f.records for f in plan.kept) if plan else 0)
+            return self._commit(name, wanted, rows, marker, plan,
                                 lambda metadata, io: write_parquet_files(metadata, io, paths, wanted))
         finally:
             shutil.rmtree(local, ignore_errors=True)

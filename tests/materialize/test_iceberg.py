@@ -202,14 +202,18 @@ def test_a_run_killed_around_its_catalog_commit_is_repaired_by_the_next_run(
     assert _iceberg(dest) == _source(db)
 
 
+@pytest.mark.parametrize("engine", ["driver", "spark"])
 def test_an_incremental_run_rewrites_only_the_files_holding_changed_keys(
-    db: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    db: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
-    """A state too large for the driver to read whole (here: over 500 rows): the driver reads and rewrites only the
-    files whose key range holds a touched key; the others stay in the new snapshot."""
+    """A state too large for the driver to read whole (here: over 500 rows): the driver (or Spark's join of the
+    touched keys with the files' key ranges) reads and rewrites only the files whose key range holds a touched key;
+    the others stay in the new snapshot. A TRUNCATE then rewrites every file."""
     monkeypatch.setattr(delta_files, "TARGET_ROWS", 100)  # files of 100 rows: 1,000 rows make ten
     monkeypatch.setattr(driver_run, "DRIVER_ROWS", 5000)
     monkeypatch.setattr(iceberg_state, "DRIVER_ROWS", 500)
+    if engine == "spark":
+        monkeypatch.setenv("PGPOLL_MATERIALIZE_ENGINE", "spark")
     ingest_args, out, dest = _setup(db, tmp_path)
     db.execute("INSERT INTO t SELECT i, 'r' || i, i, NULL FROM generate_series(1, 1000) i")
     assert ingest(db.dsn, *ingest_args).exit_code == 0
@@ -231,13 +235,20 @@ def test_an_incremental_run_rewrites_only_the_files_holding_changed_keys(
     db.execute("UPDATE t SET id = 5000 WHERE id = 250")
     assert ingest(db.dsn, *ingest_args).exit_code == 0
     code, tables, _, err = _run(out)
-    assert code == 0 and tables[0]["mode"] == "incremental" and tables[0]["engine"] == "driver", err
+    assert code == 0 and tables[0]["mode"] == "incremental" and tables[0]["engine"] == engine, err
     assert tables[0]["files"]["rewritten"] == 2 and tables[0]["files"]["kept"] == 8, tables[0]
     second = ranges()
     holding = {p for p, (lo, hi) in first.items() if lo <= 250 <= hi or lo <= 955 <= hi}
     assert {p: r for p, r in second.items() if p in first} == {p: r for p, r in first.items() if p not in holding}
     assert _iceberg(dest) == _source(db) and tables[0]["rows"] == 1049
     assert len(_snapshots(dest)) == 2
+
+    db.execute("TRUNCATE t")
+    db.execute("INSERT INTO t VALUES (7, 'after', 1, NULL)")
+    assert ingest(db.dsn, *ingest_args).exit_code == 0
+    code, tables, _, err = _run(out)
+    assert code == 0 and tables[0]["files"] == {"rewritten": len(second), "added": 1, "kept": 0}, err
+    assert _iceberg(dest) == _source(db) == [{"id": 7, "name": "after", "n": Decimal("1.00"), "at": None}]
 
 
 def _together(spark: Any, out: str, n: int = 2) -> list[int]:
