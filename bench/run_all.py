@@ -33,6 +33,7 @@ def main() -> int:
         [sys.executable, str(HERE / "bench_snapshot.py"), "--rows", os.environ.get("PGPOLL_BENCH_SNAPSHOT_ROWS", "2000000"),
          "--repeat", repeat],
         [sys.executable, str(HERE / "bench_delta.py"), "--rows", os.environ.get("PGPOLL_BENCH_DELTA_ROWS", "2000000"), "--small"],
+        [sys.executable, str(HERE / "bench_iceberg.py"), "--rows", os.environ.get("PGPOLL_BENCH_DELTA_ROWS", "2000000")],
     ]
     status = 0
     for cmd in runs:

@@ -26,8 +26,12 @@ Variable ``pgpoll_ingest`` (JSON, read when the tasks run)
     ``true``/``false``, default false) passes ``--typed-tables`` to ingest;
     materialize needs it. ``materialize`` is optional: ``application`` is
     required in it, ``to`` (the state's destination) is optional and defaults
-    to ``OUTPUT/state``; ``format`` (``parquet``, the default, or ``delta``:
-    a Delta Lake table per table) is passed as ``--format``; any other key
+    to ``OUTPUT/state``; ``format`` (``parquet``, the default, ``delta``:
+    a Delta Lake table per table, or ``iceberg``: an Iceberg table per table
+    in a catalog) is passed as ``--format``; ``catalog`` (``format: iceberg``
+    only: the name of a pyiceberg catalog configured where the driver runs,
+    in ``.pyiceberg.yaml`` or ``PYICEBERG_CATALOG__<NAME>__*``) as
+    ``--catalog``; any other key
     fails the task (a typo would otherwise write the state somewhere else).
     ``snapshot`` is optional too: ``application`` defaults to ``snapshot.py``
     beside ``application`` (where ``make dist`` puts it), ``parallelism`` (a
@@ -51,7 +55,7 @@ Behaviour
   sink errors) is retried with exponential backoff. The run summary (pgpoll's
   JSON line) is the task's XCom ``return_value``; on a skip or failure it is
   pushed under the key ``summary``.
-- materialize: ``spark-submit materialize.py --output OUTPUT [--to TO] [--format F] --json``.
+- materialize: ``spark-submit materialize.py --output OUTPUT [--to TO] [--format F] [--catalog C] --json``.
   Exit 3 (another materialize is writing the destination) ends the task as
   *skipped*, not retried, like ingest's.
   Its XCom ``return_value`` is the list of per-table results (one JSON line per
@@ -62,8 +66,9 @@ Behaviour
   without ``typed_tables``, or ``output`` is wrong), which only a change of
   configuration fixes, and 5 is also a storage failure that needs a look (the
   output cannot be opened, or a state directory cannot be renamed) or, with
-  ``format: delta``, another writer's version of a table committed after the
-  run read it, which pgpoll reports and does not merge over. Anything
+  ``format: delta`` or ``iceberg``, another writer's version or snapshot of a
+  table committed after the run read it, which pgpoll reports and does not
+  merge over (or, for Iceberg, a column type change Iceberg cannot promote). Anything
   else (exit 1, Spark or the cluster failing, 130/143 when the run was
   interrupted by SIGINT/SIGTERM) is retried with backoff; a retry
   is safe: a failed run leaves the old state or none (then the retry rebuilds
@@ -132,8 +137,8 @@ SNAPSHOT_NOT_RETRIED = {
     2: "usage or configuration error (a table pattern that matches nothing, a table outside the publication...)",
     5: "the output cannot be used or the storage failed",
 }
-MATERIALIZE_KEYS = {"application", "to", "format"}
-MATERIALIZE_FORMATS = ("parquet", "delta")
+MATERIALIZE_KEYS = {"application", "to", "format", "catalog"}
+MATERIALIZE_FORMATS = ("parquet", "delta", "iceberg")
 SNAPSHOT_KEYS = {"application", "parallelism"}
 CONFIG = "var.json.pgpoll_ingest"
 ERROR_PREFIXES = ("error:", "unexpected error:", "fix:")
@@ -354,8 +359,14 @@ class PgpollMaterializeOperator(_WatchedSparkSubmit):
             raise AirflowFailException(
                 f"Variable pgpoll_ingest: materialize.format must be one of {list(MATERIALIZE_FORMATS)}, not {fmt!r}"
             )
+        catalog = config.get("catalog")
+        if catalog is not None and (fmt != "iceberg" or not isinstance(catalog, str) or not catalog):
+            raise AirflowFailException(
+                f"Variable pgpoll_ingest: materialize.catalog (a catalog name) goes with format iceberg only, not {catalog!r}"
+            )
         self.application = application
-        self.application_args = _with_options(self.application_args or [], {"--to": to, "--format": fmt})
+        self.application_args = _with_options(self.application_args or [], {"--to": to, "--format": fmt,
+                                                                             "--catalog": catalog})
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         self.tables = []
