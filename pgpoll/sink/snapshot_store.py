@@ -65,9 +65,13 @@ def manifest_name(n: int) -> str:
     return f"chunk-{n:06d}.json"
 
 
+#: The first number of a recheck piece (key-range and block chunks are numbered from 0, far below it).
+RECHECK_FIRST = 1_000_000
+
+
 def chunk_file(n: int) -> str:
     """The data file of chunk ``n``, relative to its table's data directory."""
-    return f"chunk={n}/part-00000.parquet"
+    return f"chunk={n}/part-00000.parquet" if n < RECHECK_FIRST else f"_recheck/part-{n}.parquet"
 
 
 def now_iso() -> str:

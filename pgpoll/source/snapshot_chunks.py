@@ -29,13 +29,18 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from psycopg2 import sql
 
-from pgpoll.source.names import parse_qualified_name, quote_ident
+from pgpoll.source.names import double_quote, parse_qualified_name, quote_ident, sql_literal
 from pgpoll.source.server_errors import translate
 from pgpoll.source.session import pinned_transaction
 from pgpoll.source.snapshot_catalog import CHUNKED, SnapshotTable
 
 PROBE_TIMEOUT_MS = 60_000
 _DEFAULT_ROWS_PER_BLOCK = 50  # no statistics yet: about 160-byte rows
+#: What one chunk's connection reads per second, counted in stored bytes (heap and TOAST), set low: the
+#: 2M-row benchmark table reads at about 130 MB/s here. ``--chunk-seconds`` times this bounds a chunk's bytes.
+READ_BYTES_PER_S = 50_000_000
+#: The fewest rows a chunk is planned with, however wide the rows (probes and tasks have a fixed cost).
+MIN_CHUNK_ROWS = 1_000
 
 @dataclass(frozen=True)
 class ChunkSpec:
@@ -108,14 +113,49 @@ def set_timeout(cur: Any, ms: int) -> None:
     cur.execute("SELECT set_config('statement_timeout', %s, true)", (str(int(ms)),))
 
 
-def plan_chunks(conn: Any, t: SnapshotTable, chunk_rows: int, *, timeout_ms: int = PROBE_TIMEOUT_MS) -> list[ChunkSpec]:
-    """The chunks of ``t``: key ranges by keyset probes (chunked), ctid block ranges per leaf (shared)."""
+def plan_chunks(conn: Any, t: SnapshotTable, chunk_rows: int, *, timeout_ms: int = PROBE_TIMEOUT_MS,
+                chunk_seconds: float | None = None) -> list[ChunkSpec]:
+    """The chunks of ``t``: key ranges by keyset probes (chunked), ctid block ranges per leaf (shared).
+
+    ``chunk_seconds`` bounds a chunk's rows further, so that it reads in
+    about that long: :func:`chunk_rows_for` of the table's stored bytes per row.
+    """
     if chunk_rows < 1:
         raise ValueError("chunk_rows must be at least 1")
     try:
+        if chunk_seconds is not None:
+            chunk_rows = chunk_rows_for(chunk_rows, chunk_seconds, row_bytes(conn, t))
         return _key_chunks(conn, t, chunk_rows, timeout_ms) if t.mode == CHUNKED else _block_chunks(conn, t, chunk_rows)
     except psycopg2.Error as exc:
         raise translate(exc) from None
+
+
+def chunk_rows_for(chunk_rows: int, chunk_seconds: float, bytes_per_row: float | None) -> int:
+    """Rows per chunk: at most ``chunk_rows``, and at most what reads in ``chunk_seconds`` at
+    :data:`READ_BYTES_PER_S` (never below :data:`MIN_CHUNK_ROWS`; unknown row size: ``chunk_rows``)."""
+    if not bytes_per_row or bytes_per_row <= 0:
+        return chunk_rows
+    by_time = int(chunk_seconds * READ_BYTES_PER_S / bytes_per_row)
+    return max(1, min(chunk_rows, max(MIN_CHUNK_ROWS, by_time)))
+
+
+# Stored bytes per row (heap and TOAST, leaves of a partitioned table), from the statistics VACUUM and
+# ANALYZE keep (NULL before the first of them: the row count is unknown).
+_ROW_BYTES_SQL = """
+SELECT sum(pg_relation_size(c.oid) + CASE WHEN c.reltoastrelid <> 0 THEN pg_relation_size(c.reltoastrelid) ELSE 0 END)::float8
+       / NULLIF(sum(GREATEST(c.reltuples, 0)), 0)
+  FROM pg_class c
+ WHERE c.relkind = 'r' AND (c.oid = %s::regclass OR c.oid IN (SELECT relid FROM pg_partition_tree(%s::regclass) WHERE isleaf))
+"""
+
+
+def row_bytes(conn: Any, t: SnapshotTable) -> float | None:
+    """The table's average stored row size in bytes (None when unknown)."""
+    with pinned_transaction(conn) as cur:
+        set_timeout(cur, PROBE_TIMEOUT_MS)
+        cur.execute(_ROW_BYTES_SQL, (t.quoted_name, t.quoted_name))
+        row = cur.fetchone()
+    return float(row[0]) if row is not None and row[0] is not None else None
 
 
 def _key_chunks(conn: Any, t: SnapshotTable, chunk_rows: int, timeout_ms: int) -> list[ChunkSpec]:
@@ -176,26 +216,75 @@ def _block_chunks(conn: Any, t: SnapshotTable, chunk_rows: int) -> list[ChunkSpe
 
 
 
-def _where(t: SnapshotTable, chunk: ChunkSpec) -> sql.Composable:
-    parts: list[sql.Composable] = []
+def _from_text(t: SnapshotTable, relation: tuple[str, str] | None = None) -> str:
+    """:func:`_relation_sql` as text."""
+    if relation is not None:
+        return f"ONLY {double_quote(relation[0])}.{double_quote(relation[1])}"
+    name = f"{double_quote(t.schema)}.{double_quote(t.table)}"
+    return name if t.partitioned else "ONLY " + name
+
+
+def _key_text(t: SnapshotTable) -> str:
+    return "(" + ", ".join(double_quote(k) for k in t.key) + ")"
+
+
+def _bound_text(values: tuple[Any, ...]) -> str:
+    # untyped literals: each takes its key column's type (row comparison resolves per column)
+    return "(" + ", ".join(sql_literal(str(v)) for v in values) + ")"
+
+
+def _where(t: SnapshotTable, chunk: ChunkSpec, extra: tuple[str, ...] = ()) -> str:
+    parts: list[str] = []
     if chunk.lo is not None:
-        parts.append(sql.SQL("{} > {}").format(_key_sql(t), _bound(chunk.lo)))
+        parts.append(f"{_key_text(t)} > {_bound_text(chunk.lo)}")
     if chunk.hi is not None:
-        parts.append(sql.SQL("{} <= {}").format(_key_sql(t), _bound(chunk.hi)))
+        parts.append(f"{_key_text(t)} <= {_bound_text(chunk.hi)}")
     if chunk.blocks is not None:
-        parts.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({int(chunk.blocks[0])},0)")))
+        parts.append(f"ctid >= '({int(chunk.blocks[0])},0)'::tid")
         if chunk.blocks[1] is not None:
-            parts.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({int(chunk.blocks[1])},0)")))
+            parts.append(f"ctid < '({int(chunk.blocks[1])},0)'::tid")
+    parts.extend(extra)
     if t.row_filter:
-        parts.append(sql.SQL("({})").format(sql.SQL(t.row_filter)))  # the server's own text (pg_get_expr)
-    return sql.SQL(" AND ").join(parts) if parts else sql.SQL("true")
+        parts.append(f"({t.row_filter})")  # the server's own text (pg_get_expr)
+    return " AND ".join(parts) if parts else "true"
 
 
-def copy_sql(t: SnapshotTable, chunk: ChunkSpec) -> sql.Composable:
-    """``COPY (SELECT cols FROM rel WHERE ...) TO STDOUT (FORMAT csv)`` for one chunk."""
-    columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in t.columns)
-    return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT WITH (FORMAT csv)").format(
-        columns, _relation_sql(t, chunk.relation), _where(t, chunk))
+def copy_sql(t: SnapshotTable, chunk: ChunkSpec, extra: tuple[str, ...] = ()) -> str:
+    """``COPY (SELECT cols FROM rel WHERE ...) TO STDOUT (FORMAT csv)`` for one chunk (no parameters)."""
+    columns = ", ".join(double_quote(c.name) for c in t.columns)
+    where = _where(t, chunk, extra)
+    return f"COPY (SELECT {columns} FROM {_from_text(t, chunk.relation)} WHERE {where}) TO STDOUT WITH (FORMAT csv)"
+
+
+#: Kinds whose cast to text is the type's output function (no pg_cast entry to text), read as ``col::text``;
+#: other kinds not read natively go through ``format('%s', col)``, which always calls the output function.
+_IO_TEXT_KINDS = frozenset({"numeric", "uuid", "json", "jsonb", "interval", "time", "timetz", "macaddr", "macaddr8"})
+
+
+def _selected(name: str, kind: str, native: bool) -> str:
+    col = double_quote(name)
+    if native:
+        return col
+    if kind in _IO_TEXT_KINDS:
+        return f"{col}::text AS {col}"
+    return f"CASE WHEN {col} IS NULL THEN NULL ELSE pg_catalog.format('%s', {col}) END AS {col}"
+
+
+def binary_copy_query(t: SnapshotTable, chunk: ChunkSpec, native: tuple[bool, ...], extra: tuple[str, ...] = ()) -> str:
+    """The SELECT of one chunk read in binary (the driver runs it as ``COPY (...) TO STDOUT (FORMAT binary)``):
+    ``native`` columns as they are, the others as the server's text of them (see the module docstring)."""
+    columns = ", ".join(_selected(c.name, c.type.kind, nat) for c, nat in zip(t.columns, native, strict=True))
+    return f"SELECT {columns} FROM {_from_text(t, chunk.relation)} WHERE {_where(t, chunk, extra)}"
+
+
+def written_since(xid: int) -> str:
+    """A condition true for every tuple written by transaction ``xid`` (full id) or a later one, subtransactions
+    included (a subtransaction's id follows its parent's), in PostgreSQL's circular xid order.
+
+    ``age(x)`` is the distance of ``x`` from the next transaction id, the same reference for every row of a
+    statement; frozen and bootstrap ids are the oldest of all (``age`` gives them ``2^31 - 1``).
+    """
+    return f"age(xmin) <= age({sql_literal(str(xid & 0xFFFFFFFF))}::xid)"
 
 
 def parse_csv(data: bytes | memoryview, names: tuple[str, ...]) -> pa.Table:
