@@ -37,6 +37,12 @@ rechecked yet into one already rechecked, is not seen by either piece: that
 double move within seconds is the one case left, and materialize says so
 (``unresolved_toast`` and the warning) instead of guessing.
 
+No transaction can have moved a row between the table's chunks when every
+chunk's snapshot has the same ``xmax`` and no transaction was running in
+any (``since`` equals the largest ``xmax``: no transaction id was handed out
+between the first chunk's snapshot and the last one's): then the recheck is
+skipped (:func:`needed`), as on a quiet database.
+
 Completion does not wait for ingest: the recheck reads the source only.
 Resume: a table whose key chunks are read again (a lost chunk file) drops its
 recheck pieces first, so they always come after its last chunk.
@@ -63,6 +69,13 @@ def since(manifests: Mapping[int, Mapping[str, Any]]) -> int:
     return min(int(m["snapshot"]["xmin"]) for n, m in manifests.items() if n < RECHECK_FIRST)
 
 
+def needed(manifests: Mapping[int, Mapping[str, Any]]) -> bool:
+    """Whether a transaction may have committed between the key chunks' snapshots (see the module docstring):
+    ``since`` below the largest ``xmax`` of their snapshots."""
+    xmax = max(int(m["snapshot"]["xmax"]) for n, m in manifests.items() if n < RECHECK_FIRST)
+    return since(manifests) < xmax
+
+
 def forget(store: SnapshotStore, table_dir: str, done: Mapping[int, Mapping[str, Any]]) -> int:
     """Delete the table's finished recheck pieces (its key chunks are read again after them); returns how many."""
     gone = 0
@@ -81,4 +94,4 @@ def numbered(pieces: Sequence[Any]) -> list[Any]:
     return [replace(p, n=RECHECK_FIRST + i) for i, p in enumerate(pieces)]
 
 
-__all__ = ["PIECE_SCALE", "RECHECK_FIRST", "forget", "numbered", "recheck_specs", "since"]
+__all__ = ["PIECE_SCALE", "RECHECK_FIRST", "forget", "needed", "numbered", "recheck_specs", "since"]

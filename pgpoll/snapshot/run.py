@@ -261,7 +261,7 @@ def _recheck_works(store: SnapshotStore, by_name: dict[tuple[str, str], Snapshot
     """The table's missing recheck pieces, once its every key chunk is in (see :mod:`pgpoll.snapshot.recheck`)."""
     specs = recheck.recheck_specs(entry)
     done = store.manifests(entry["dir"]) if specs else {}
-    if not specs or any(int(c["n"]) not in done for c in entry["chunks"]):
+    if not specs or any(int(c["n"]) not in done for c in entry["chunks"]) or not recheck.needed(done):
         return []
     t = by_name[(entry["schema"], entry["table"])]
     since = recheck.since(done)
@@ -327,7 +327,9 @@ def _complete(control: ControlConnection, store: SnapshotStore, plan: dict[str, 
     held = 0.0
     for entry in plan["tables"]:
         done = store.manifests(entry["dir"])
-        missing = [c["n"] for c in [*entry["chunks"], *recheck.recheck_specs(entry)] if int(c["n"]) not in done]
+        missing = [c["n"] for c in entry["chunks"] if int(c["n"]) not in done]
+        if not missing and recheck.needed(done):
+            missing = [c["n"] for c in recheck.recheck_specs(entry) if int(c["n"]) not in done]
         if missing:
             raise SinkError(f"snapshot {store.snapshot_id}: chunks {missing[:5]} of {entry['schema']}.{entry['table']} "
                             "are missing", "rerun the same snapshot command to read them")

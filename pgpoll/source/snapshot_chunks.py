@@ -11,8 +11,14 @@ are read too. Key values travel as JSON (int for integers, the server's
 text otherwise) and come back as untyped literals, which take each key
 column's own type in the row comparison.
 
-The rows of a chunk come from ``COPY (SELECT ...) TO STDOUT (FORMAT csv)``,
-parsed by pyarrow into string columns (:func:`parse_csv`).
+The rows of a chunk come from ``COPY (SELECT ...) TO STDOUT (FORMAT
+binary)`` (:func:`binary_copy_query`, read by ADBC) or ``(FORMAT csv)``
+(:func:`copy_sql`, parsed by pyarrow into string columns: :func:`stream_csv`).
+Chunks are at most ``chunk_rows`` rows and, with ``chunk_seconds``, about that
+long to read (:func:`chunk_rows_for`). Statements are built as text with every
+identifier double-quoted and every value a quoted literal: COPY takes no
+parameters. :func:`written_since` is the recheck's condition
+(:mod:`pgpoll.snapshot.recheck`).
 """
 
 from __future__ import annotations

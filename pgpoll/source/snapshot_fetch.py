@@ -25,6 +25,8 @@ null): the next transaction takes its own.
 from __future__ import annotations
 
 import contextlib
+import queue
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,6 +57,50 @@ class _ServerError(Exception):
         super().__init__(line)
         self.pgcode = sqlstate
         self.pgerror = line.splitlines()[0].rstrip(". ") if line else text
+
+
+def prefetched(reader: Any, depth: int = 2) -> Iterator[pa.RecordBatch]:
+    """The batches of ``reader``, read ahead by a thread (at most ``depth`` waiting).
+
+    Why: the driver reads the COPY stream only when asked for a batch, so
+    while the task converts and writes one, the server would wait on a full
+    socket; reading ahead keeps the server sending (the driver's C++ read
+    releases the GIL). Errors come out where the batch would have.
+    """
+    items: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for batch in reader:
+                while not stop.is_set():
+                    try:
+                        items.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            items.put(_END)
+        except BaseException as exc:  # handed to the consumer
+            items.put(exc)
+
+    thread = threading.Thread(target=produce, name="pgpoll-snapshot-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = items.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+_END = object()
 
 
 class BinaryChunkReader:
@@ -146,8 +192,7 @@ class BinaryChunkReader:
                 nonlocal done
                 try:
                     cur.execute(binary_copy_query(t, chunk, native, extra))
-                    reader: Any = cur.fetch_record_batch()
-                    yield from reader
+                    yield from prefetched(cur.fetch_record_batch())
                     self._conn.commit()
                     done = True
                 except (adbc.Error, pa.ArrowException) as exc:

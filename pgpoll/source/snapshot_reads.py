@@ -10,10 +10,13 @@ the change stream"):
   it also pins the session settings and returns ``pg_current_snapshot()``
   and the table's file node. Materialize applies exactly the changes whose
   transaction that snapshot does not see.
-* Rows are fetched with ``COPY (SELECT ...) TO STDOUT (FORMAT csv)``: the
-  server's output functions under the pinned settings, the same text both
+* Rows are fetched here with ``COPY (SELECT ...) TO STDOUT (FORMAT csv)``:
+  the server's output functions under the pinned settings, the same text both
   plugins print, at COPY speed, parsed by pyarrow's CSV reader with every
   column a string (an unquoted empty field is NULL, a quoted one ``''``).
+  This is the path without ADBC (and for client-side row filters); chunk
+  tasks read in binary through ADBC otherwise
+  (:mod:`pgpoll.source.snapshot_fetch`, the same transaction).
 * Chunk bounds compare the replica-identity key by row comparison (``lo <
   key <= hi``), found by keyset probes. A shared snapshot (one
   ``pg_export_snapshot()`` imported by every chunk) is split by ctid block
