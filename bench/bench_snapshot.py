@@ -2,12 +2,15 @@
 
 Prints, from runs on one throwaway server, side by side in each round:
 ``psql -c "\\copy (select * from t) to /dev/null"`` (the server producing and
-shipping every row, nothing else), ``pgpoll snapshot`` of an empty table
-(Spark start-up and the fixed work of a run), and ``pgpoll snapshot`` of the
-full table (a real ``jobs/snapshot.py`` process, its own Spark) three ways:
-the default (chunks read in binary through ADBC, one short snapshot each),
+shipping every row, nothing else), ``pgpoll snapshot`` of an empty table (the
+fixed work of a run), and ``pgpoll snapshot`` of the full table three ways: the
+default (chunks read in binary through ADBC, one short snapshot each),
 ``PGPOLL_FETCH=psycopg2`` (the same chunks read as CSV text), and ``--mode
-shared`` (one exported snapshot for the whole read). For each, the issue's gate
+shared`` (one exported snapshot for the whole read). Every snapshot runs in
+this process through one local SparkSession (``run_snapshot``, what ``pgpoll
+snapshot`` calls), started once before the first round: Spark's own start-up
+(20-50 s here, varying by more than the whole read on a shared 2-core machine)
+is left out of every figure. For each way, the issue's gate
 
 * **snapshot / copy** = (full snapshot - empty snapshot) / copy (goal <= 1.0x),
 
@@ -47,17 +50,20 @@ def _sql(conn: Any, query: str, params: Any = None) -> list[tuple[Any, ...]]:
         return cur.fetchall() if cur.description else []
 
 
-def _snapshot(dsn: str, slot: str, output: str, table: str, parallelism: int, *extra: str,
+def _snapshot(spark: Any, dsn: str, slot: str, output: str, table: str, parallelism: int, *, mode: str = "auto",
               fetch: str = "auto") -> tuple[float, dict[str, Any]]:
-    args = [sys.executable, str(REPO / "jobs" / "snapshot.py"), "--slot", slot, "--output", output,
-            "--publication", "bench_pub", "--tables", f"public.{table}", "--parallelism", str(parallelism), *extra]
-    env = dict(os.environ, PGPOLL_DSN=dsn, PYSPARK_PYTHON=sys.executable, PGPOLL_FETCH=fetch)
+    """One ``pgpoll snapshot`` run in this process's SparkSession: seconds and its summary."""
+    from pgpoll.snapshot.run import SnapshotOptions, run_snapshot
+
+    os.environ["PGPOLL_FETCH"] = fetch  # read by the driver, handed to the tasks
+    opts = SnapshotOptions(slot=slot, output=output, publications=("bench_pub",), tables=(f"public.{table}",),
+                           parallelism=parallelism, mode=mode, dsn=dsn)
     started = time.perf_counter()
-    proc = subprocess.run(args, capture_output=True, text=True, env=env)
+    summary = run_snapshot(opts, spark=spark)
     seconds = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"snapshot failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return seconds, json.loads(proc.stdout.strip().splitlines()[-1])
+    if summary.status != "ok":
+        raise SystemExit(f"snapshot failed: {summary.to_json()}")
+    return seconds, json.loads(summary.to_json())
 
 
 def _copy(cluster: ThrowawayCluster, dsn: str) -> float:
@@ -118,16 +124,21 @@ def main() -> None:
         _sql(conn, "VACUUM ANALYZE bench_snap")
         _sql(conn, "CREATE PUBLICATION bench_pub FOR TABLE bench_snap, bench_empty")
         _sql(conn, "SELECT 1 FROM pg_create_logical_replication_slot('bench_snap_slot', 'pgoutput')")
-        kinds = {"binary": ((), "auto"), "csv": ((), "psycopg2"), "shared": (("--mode", "shared"), "auto")}
+        from pgpoll.spark.session import spark_session
+
+        spark = spark_session("pgpoll-bench-snapshot")
+        _snapshot(spark, dsn, "bench_snap_slot", str(work / "warm"), "bench_empty", args.parallelism)  # workers up
+        kinds = {"binary": ("auto", "auto"), "csv": ("auto", "psycopg2"), "shared": ("shared", "auto")}
         runs: list[dict[str, Any]] = []
         for i in range(args.repeat):
             run: dict[str, Any] = {"copy_s": _copy(cluster, dsn)}
-            run["empty_s"], _ = _snapshot(dsn, "bench_snap_slot", str(work / f"empty{i}"), "bench_empty", args.parallelism)
+            run["empty_s"], _ = _snapshot(spark, dsn, "bench_snap_slot", str(work / f"empty{i}"), "bench_empty",
+                                          args.parallelism)
             shutil.rmtree(work / f"empty{i}", ignore_errors=True)
-            for kind, (extra, fetch) in kinds.items():
+            for kind, (mode, fetch) in kinds.items():
                 out = work / f"{kind}{i}"
-                run[kind], run[f"{kind}_summary"] = _snapshot(dsn, "bench_snap_slot", str(out), "bench_snap",
-                                                              args.parallelism, *extra, fetch=fetch)
+                run[kind], run[f"{kind}_summary"] = _snapshot(spark, dsn, "bench_snap_slot", str(out), "bench_snap",
+                                                              args.parallelism, mode=mode, fetch=fetch)
                 shutil.rmtree(out, ignore_errors=True)
             runs.append(run)
             print(f"round {i + 1}: copy {run['copy_s']:.2f} s, empty snapshot {run['empty_s']:.2f} s, "
@@ -137,7 +148,7 @@ def main() -> None:
         print(f"\nsnapshot of {args.rows:,} rows x 5 columns (bigint, int, text, timestamptz, numeric), "
               f"parallelism {args.parallelism}, medians of {args.repeat}:")
         print(f"  psql \\copy to /dev/null        {copy_s:8.2f} s")
-        print(f"  pgpoll snapshot, empty table    {empty_s:8.2f} s   (Spark start-up and fixed work)")
+        print(f"  pgpoll snapshot, empty table    {empty_s:8.2f} s   (a run's fixed work; Spark already up)")
         for kind in kinds:
             full_s = statistics.median(r[kind] for r in runs)
             net = full_s - empty_s

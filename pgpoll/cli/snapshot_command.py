@@ -35,7 +35,7 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
 @click.option("--row-filter", "row_filters", multiple=True, metavar="'SCHEMA.TABLE: (EXPR)'",
               help="test_decoding only: keep the rows ingest's --row-filter keeps (repeatable; ORed per table).")
 @click.option("--chunk-rows", type=click.IntRange(min=1), default=100_000, show_default=True,
-              help="Rows per chunk at most (one Spark task reads one chunk at a time).")
+              help="Rows per chunk (about, for large tables: cut at their key's statistics; one task reads one chunk at a time).")
 @click.option("--chunk-seconds", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
               help="About how long one chunk's read (and snapshot) may last: wide rows make smaller chunks.")
 @click.option("--mode", type=click.Choice(["auto", "shared"]), default="auto", show_default=True,

@@ -70,6 +70,7 @@ class ChunkWork:
     plan_relfilenode: int | None = None
     recheck_since: int | None = None  # a recheck piece: only rows written by this transaction id or later
     pause_dir: str | None = None  # tests only (PAUSE_ENV): wait for a go-ahead file before reading
+    fetch: str = "auto"  # PGPOLL_FETCH as the driver read it (pgpoll.source.arrow_peek.requested_fetch)
 
     @property
     def table_dir(self) -> str:
@@ -152,16 +153,17 @@ def filter_rows(texts: pa.Table, schema: TableSchema, specs: tuple[str, ...]) ->
 class ChunkSource:
     """Where a task's chunks are read from: one ADBC connection for all of them (binary), or psycopg2 (CSV text).
 
-    ``PGPOLL_FETCH`` chooses as for ingest's peek (``auto``: ADBC where it is
-    installed and connects; ``psycopg2``: CSV). Closed by the task.
+    ``fetch`` (``PGPOLL_FETCH`` as the driver read it) chooses as for
+    ingest's peek (``auto``: ADBC where it is installed and connects;
+    ``psycopg2``: CSV). Closed by the task.
     """
 
-    def __init__(self, dsn: str) -> None:
-        from pgpoll.source.arrow_peek import ADBC, FetchUnavailableError, choose_fetch, requested_fetch
+    def __init__(self, dsn: str, fetch: str = "auto") -> None:
+        from pgpoll.source.arrow_peek import ADBC, FetchUnavailableError, choose_fetch
 
         self.dsn = dsn
         self.binary: Any = None
-        if choose_fetch("pgoutput", requested_fetch()) == ADBC:
+        if choose_fetch("pgoutput", fetch) == ADBC:
             from pgpoll.source.snapshot_fetch import BinaryChunkReader
 
             try:
@@ -243,7 +245,7 @@ def write_chunk(work: ChunkWork, path: str, source: ChunkSource | None = None) -
     """
     schema: TableSchema = work.table.table_schema
     own = source is None
-    source = source or ChunkSource(work.dsn)
+    source = source or ChunkSource(work.dsn, work.fetch)
     counted = [0]
 
     def typed(stream: ChunkStream) -> Iterator[pa.Table]:
@@ -315,7 +317,7 @@ def run_chunks(works: Iterable[ChunkWork]) -> Iterator[ChunkResult]:
     try:
         for work in works:
             try:
-                source = source or ChunkSource(work.dsn)
+                source = source or ChunkSource(work.dsn, work.fetch)
                 yield run_chunk(work, source)
             except PgpollError as exc:
                 yield ChunkResult(work.table_dir, int(work.chunk.n), error=exc)

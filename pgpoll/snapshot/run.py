@@ -113,9 +113,11 @@ def _check_output(output: str) -> None:
 
 
 def _prepare(opts: SnapshotOptions) -> None:
+    from pgpoll.source.arrow_peek import requested_fetch
     from pgpoll.source.names import check_slot_name
 
     check_slot_name(opts.slot)
+    requested_fetch()  # PGPOLL_FETCH: a bad value is exit 2 at once
     if opts.row_filters:
         from pgpoll.rowfilter.expression import parse_row_filter
 
@@ -241,10 +243,12 @@ def _cancel(spark: Any) -> None:
 
 def _work(store: SnapshotStore, t: SnapshotTable, opts: SnapshotOptions, dsn: str, entry: dict[str, Any],
           spec: dict[str, Any], **more: Any) -> ChunkWork:
+    from pgpoll.source.arrow_peek import requested_fetch
+
     return ChunkWork(dsn=dsn, output=opts.output, snapshot_id=store.snapshot_id, table=t,
                      chunk=planning.chunk_from_json(spec), lock_timeout_ms=int(opts.lock_timeout_s * 1000),
                      row_filters=opts.row_filters, plan_relfilenode=entry.get("relfilenode"),
-                     pause_dir=os.environ.get(PAUSE_ENV) or None, **more)
+                     pause_dir=os.environ.get(PAUSE_ENV) or None, fetch=requested_fetch(), **more)
 
 
 def _missing_works(store: SnapshotStore, plan: dict[str, Any], by_name: dict[tuple[str, str], SnapshotTable],

@@ -4,7 +4,9 @@ A chunked table is split by its replica-identity key (``lo < key <= hi``,
 row comparison, open first and last ends) at boundaries found by keyset
 probes: each probe reads ``chunk_rows`` index entries past the previous
 boundary in a short transaction with a ``statement_timeout`` (no deep
-OFFSET from the start, no full-table NTILE). A table read under one shared
+OFFSET from the start, no full-table NTILE); a table of many chunks by its
+statistics from the key's histogram (one-column keys, fresh statistics) or
+at the quantiles of a block sample of its keys (:func:`_sampled_chunks`). A table read under one shared
 snapshot is split by ctid block ranges per leaf relation (TID range scans);
 the last range of each leaf is open, so rows in blocks added after the plan
 are read too. Key values travel as JSON (int for integers, the server's
@@ -164,7 +166,114 @@ def row_bytes(conn: Any, t: SnapshotTable) -> float | None:
     return float(row[0]) if row is not None and row[0] is not None else None
 
 
+#: From this many chunks on, a table's boundaries come from a sample of its keys, not from probes.
+SAMPLE_FROM_CHUNKS = 8
+#: Pages sampled per chunk planned: enough that chunk sizes stay within a few tens of percent of the plan.
+SAMPLE_PAGES_PER_CHUNK = 40
+
+# The table's pages and rows now (the statistics' rows per page times its current size, as the planner
+# estimates), and whether ANALYZE's statistics still describe it (at most a tenth of the rows changed since).
+_SIZE_SQL = """
+SELECT sum(pg_relation_size(c.oid) / current_setting('block_size')::int)::float8,
+       sum(CASE WHEN c.relpages > 0 THEN GREATEST(c.reltuples, 0) / c.relpages
+                * (pg_relation_size(c.oid) / current_setting('block_size')::int) ELSE 0 END)::float8,
+       bool_and(COALESCE(s.n_mod_since_analyze <= GREATEST(c.reltuples, 0) / 10 AND s.last_analyze IS NOT NULL
+                         OR s.last_autoanalyze IS NOT NULL AND s.n_mod_since_analyze <= GREATEST(c.reltuples, 0) / 10,
+                         false))
+  FROM pg_class c LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
+ WHERE c.relkind = 'r' AND (c.oid = %s::regclass OR c.oid IN (SELECT relid FROM pg_partition_tree(%s::regclass) WHERE isleaf))
+"""
+
+# The key column's histogram (ANALYZE's equal-depth sample of the whole table), as the column's own text.
+_HISTOGRAM_SQL = """
+SELECT histogram_bounds::text::text[], null_frac FROM pg_stats
+ WHERE schemaname = %s AND tablename = %s AND attname = %s AND NOT inherited
+"""
+
+
 def _key_chunks(conn: Any, t: SnapshotTable, chunk_rows: int, timeout_ms: int) -> list[ChunkSpec]:
+    with pinned_transaction(conn) as cur:
+        set_timeout(cur, timeout_ms)
+        cur.execute(_SIZE_SQL, (t.quoted_name, t.quoted_name))
+        row = cur.fetchone()
+    pages, tuples, analyzed = (float(row[0] or 0), float(row[1] or 0), bool(row[2])) if row else (0.0, 0.0, False)
+    wanted = int(tuples // chunk_rows) + 1
+    if wanted >= SAMPLE_FROM_CHUNKS and pages >= 1:
+        found = _histogram_chunks(conn, t, wanted, timeout_ms) if analyzed and not t.partitioned else None
+        found = found or _sampled_chunks(conn, t, wanted, pages, timeout_ms)
+        if found is not None:
+            return found
+    return _probed_chunks(conn, t, chunk_rows, timeout_ms)
+
+
+def _chunks_between(bounds: list[tuple[Any, ...]]) -> list[ChunkSpec] | None:
+    """Chunks ending at each of ``bounds`` (ascending, repeats dropped), then one open chunk."""
+    chunks: list[ChunkSpec] = []
+    lo: tuple[Any, ...] | None = None
+    for hi in bounds:
+        if hi == lo:
+            continue
+        chunks.append(ChunkSpec(len(chunks), lo, hi))
+        lo = hi
+    chunks.append(ChunkSpec(len(chunks), lo, None))
+    return chunks if len(chunks) > 1 else None
+
+
+def _histogram_chunks(conn: Any, t: SnapshotTable, wanted: int, timeout_ms: int) -> list[ChunkSpec] | None:
+    """A one-column key's boundaries from ANALYZE's histogram: free, and equal-depth over the whole table.
+
+    Integer keys finer than the histogram's buckets are cut evenly inside a
+    bucket; other kinds need no more chunks than buckets (else None: sample).
+    """
+    if len(t.key) != 1:
+        return None
+    with pinned_transaction(conn) as cur:
+        set_timeout(cur, timeout_ms)
+        cur.execute(_HISTOGRAM_SQL, (t.schema, t.table, t.key[0]))
+        row = cur.fetchone()
+    if row is None or not row[0] or len(row[0]) < 3 or float(row[1] or 0) > 0:
+        return None
+    kind, values = t.key_kinds[0], list(row[0])
+    buckets = len(values) - 1
+    if kind in ("int2", "int4", "int8"):
+        ints = [int(v) for v in values]
+        bounds = []
+        for i in range(1, wanted):
+            position = i * buckets / wanted  # the i-th quantile, in buckets
+            b = min(int(position), buckets - 1)
+            bounds.append((ints[b] + int((ints[b + 1] - ints[b]) * (position - b)),))
+        return _chunks_between(bounds)
+    if wanted > buckets:
+        return None
+    return _chunks_between([(_json_key(kind, values[round(i * buckets / wanted)]),) for i in range(1, wanted)])
+
+
+def _sampled_chunks(conn: Any, t: SnapshotTable, wanted: int, pages: float, timeout_ms: int) -> list[ChunkSpec] | None:
+    """Boundaries at the quantiles of a block sample of the keys (``TABLESAMPLE SYSTEM``): ``wanted`` chunks of a
+    table of ``pages`` pages (None: probe instead).
+
+    Why: a probe reads ``chunk_rows`` index entries, so probing a whole table
+    reads its whole index before the first chunk (a quarter of a second per
+    2M rows); a sample of :data:`SAMPLE_PAGES_PER_CHUNK` pages per chunk
+    reads a few percent of it. Chunk sizes are then about ``chunk_rows``, not
+    at most: the ranges still tile the key space (first and last open).
+    """
+    with pinned_transaction(conn) as cur:
+        set_timeout(cur, timeout_ms)
+        percent = min(100.0, 100.0 * SAMPLE_PAGES_PER_CHUNK * wanted / pages)
+        keys = ", ".join(double_quote(k) for k in t.key)
+        texts = ", ".join(f"{double_quote(k)}::text" for k in t.key)
+        down = ", ".join(f"{double_quote(k)} DESC" for k in t.key)
+        cur.execute(
+            f"SELECT DISTINCT ON (__pgpoll_b) {texts} FROM (SELECT {keys}, ntile({wanted}) OVER (ORDER BY {keys}) AS "
+            f"__pgpoll_b FROM {_from_text(t)} TABLESAMPLE SYSTEM ({percent:.6f}) REPEATABLE (0)) s "
+            f"ORDER BY __pgpoll_b, {down}")
+        rows = cur.fetchall()
+    # each tile's largest key ends a chunk; the last chunk is open
+    return _chunks_between([tuple(_json_key(k, v) for k, v in zip(t.key_kinds, row, strict=True)) for row in rows[:-1]])
+
+
+def _probed_chunks(conn: Any, t: SnapshotTable, chunk_rows: int, timeout_ms: int) -> list[ChunkSpec]:
     kinds = t.key_kinds
     key = _key_sql(t)
     select = sql.SQL("SELECT {} FROM {}").format(

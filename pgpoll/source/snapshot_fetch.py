@@ -59,7 +59,13 @@ class _ServerError(Exception):
         self.pgerror = line.splitlines()[0].rstrip(". ") if line else text
 
 
-def prefetched(reader: Any, depth: int = 2) -> Iterator[pa.RecordBatch]:
+#: Bytes of COPY data per record batch: a task holds about three (one read ahead, one converted, one written),
+#: so its memory does not follow the chunk's size (the driver's default is 16 MB).
+BATCH_BYTES = 4 << 20
+_BATCH_BYTES = "adbc.postgresql.batch_size_hint_bytes"
+
+
+def prefetched(reader: Any, depth: int = 1) -> Iterator[pa.RecordBatch]:
     """The batches of ``reader``, read ahead by a thread (at most ``depth`` waiting).
 
     Why: the driver reads the COPY stream only when asked for a batch, so
@@ -191,6 +197,7 @@ class BinaryChunkReader:
             def batches() -> Iterator[pa.RecordBatch]:
                 nonlocal done
                 try:
+                    cur.adbc_statement.set_options(**{_BATCH_BYTES: str(BATCH_BYTES)})
                     cur.execute(binary_copy_query(t, chunk, native, extra))
                     yield from prefetched(cur.fetch_record_batch())
                     self._conn.commit()
