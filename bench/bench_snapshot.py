@@ -14,9 +14,11 @@ is left out of every figure. For each way, the issue's gate
 
 * **snapshot / copy** = (full snapshot - empty snapshot) / copy (goal <= 1.0x),
 
-rows/s, MB/s (Parquet bytes written), and the longest any backend of the run
+rows/s, MB/s (Parquet bytes written), the longest any backend of the run
 held one snapshot (``longest_snapshot_s`` of the summary: one chunk's read,
-or the whole table's under ``--mode shared``). Also the peak memory of one
+or the whole table's under ``--mode shared``), and in how many rounds the
+chunked runs read a recheck (when a transaction id was handed out while
+they read, autovacuum's included; pgpoll.snapshot.recheck). Also the peak memory of one
 chunk read in a separate process at two chunk sizes (goal: a 1M-row chunk at
 most 1.25x a 100k-row chunk). ``--repeat N`` takes medians of N rounds.
 
@@ -156,9 +158,11 @@ def main() -> None:
             held = statistics.median(float(r[f"{kind}_summary"].get("longest_snapshot_s") or 0) for r in runs)
             label = {"binary": "chunked, binary (default)", "csv": "chunked, CSV (psycopg2)",
                      "shared": "--mode shared"}[kind]
+            rechecked = sum(1 for r in runs if r[f"{kind}_summary"].get("rechecks_read"))
             print(f"  {label:<28} {full_s:8.2f} s   net {net:.2f} s, ratio {net / copy_s:.2f}x, "
                   f"{args.rows / max(net, 1e-9):,.0f} rows/s, {written / 1e6 / max(net, 1e-9):.1f} MB/s of Parquet "
-                  f"({written / 1e6:.1f} MB), longest snapshot held {held:.2f} s")
+                  f"({written / 1e6:.1f} MB), longest snapshot held {held:.2f} s"
+                  + (f", recheck in {rechecked} of {len(runs)} rounds" if kind != "shared" else ""))
         print("  gate: (snapshot - empty) / copy <= 1.0 for the default")
         if not args.skip_memory:
             small = _chunk_peak_kb(dsn, 100_000)

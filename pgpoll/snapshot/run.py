@@ -94,6 +94,8 @@ class SnapshotSummary:
     table_modes: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: the longest any chunk (or recheck piece) held its snapshot, in seconds
     longest_snapshot_s: float = 0.0
+    #: recheck pieces read by this run, and the rows they read (pgpoll.snapshot.recheck)
+    rechecks_read: int = 0
     recheck_rows: int = 0
 
     def to_json(self) -> str:
@@ -290,7 +292,7 @@ def _read_chunks(spark: Any, store: SnapshotStore, plan: dict[str, Any], tables:
     read = len(_run_job(spark, chunked, parallelism, stop))
     if stop is None or not stop.requested:
         pieces = [w for e in chunked_entries for w in _recheck_works(store, by_name, opts, dsn, e)]
-        _run_job(spark, pieces, parallelism, stop)
+        summary.rechecks_read = len(_run_job(spark, pieces, parallelism, stop))
     for entry in plan["tables"]:
         if entry["mode"] != "shared" or (stop is not None and stop.requested):
             continue
