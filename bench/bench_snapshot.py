@@ -137,7 +137,9 @@ def main() -> None:
             run["empty_s"], _ = _snapshot(spark, dsn, "bench_snap_slot", str(work / f"empty{i}"), "bench_empty",
                                           args.parallelism)
             shutil.rmtree(work / f"empty{i}", ignore_errors=True)
-            for kind, (mode, fetch) in kinds.items():
+            order = list(kinds)[i % len(kinds):] + list(kinds)[:i % len(kinds)]  # each way first in turn
+            for kind in order:
+                mode, fetch = kinds[kind]
                 out = work / f"{kind}{i}"
                 run[kind], run[f"{kind}_summary"] = _snapshot(spark, dsn, "bench_snap_slot", str(out), "bench_snap",
                                                               args.parallelism, mode=mode, fetch=fetch)
