@@ -329,11 +329,13 @@ class Materializer:
                     stretch = stretch.where(~_from_condition(segments[i + 1][0]))
                 part = materialize(stretch, previous, columns, [renamed.get(k, k) for k in _replay_key(shape_i)], rule,
                                    rechecks=rechecks)
-                previous, unresolved = part.frame.localCheckpoint(), unresolved + part.unresolved_toast
+                previous = part.frame.localCheckpoint()
+                unresolved += part.unresolved_rows if part.unresolved_rows is not None else part.unresolved_toast
             result = StateResult(previous, unresolved)
         else:
             result = materialize(events, previous, columns, key, rule, summary, rechecks)
-        return ComputedState(described, key, warnings, result.unresolved_toast, frame=result.frame)
+        unresolved = result.unresolved_rows if result.unresolved_rows is not None else result.unresolved_toast
+        return ComputedState(described, key, warnings, unresolved, frame=result.frame)
 
     def describe(self, parsed: tuple[str, str], summary: ChangeSummary, marker: dict[str, Any] | None,
                  floor: tuple[tuple[int, int], TableSchema] | None, shape: TableSchema | None,

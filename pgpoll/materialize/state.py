@@ -74,10 +74,13 @@ class ComputedState:
 
 @dataclass
 class StateResult:
-    """The new state and what could not be resolved."""
+    """The new state and what could not be resolved: ``unresolved_toast`` counts the facts left without a value
+    (as the driver engine counts them); ``unresolved_rows``, computed where the snapshot's recheck rows were
+    used, the rows of the new state among them (a row that moved on from a fact without a value has its own)."""
 
     frame: Any
     unresolved_toast: int = 0
+    unresolved_rows: int | None = None
 
 
 def _value(frame_columns: set[str], column: StateColumn, prefix: str = "") -> Any:
@@ -288,13 +291,14 @@ def _keyed(events: Any, previous: Any | None, columns: Sequence[StateColumn], ke
     order = Window.partitionBy("__pgpoll_k").orderBy(F.desc("_commit_lsn"), F.desc("_seq"), F.desc("__pgpoll_sub"))
     latest = facts.withColumn("__pgpoll_rank", F.row_number().over(order)).where(
         (F.col("__pgpoll_rank") == 1) & F.col("__pgpoll_alive"))
-    if unresolved:  # facts left without a value; what counts is the rows of the new state among them
+    open_rows = None
+    if unresolved and rechecks is not None:  # what counts then is the rows of the new state left without a value
         latest = latest.localCheckpoint()
-        unresolved = latest.where(F.col("__pgpoll_open")).count()
+        open_rows = latest.where(F.col("__pgpoll_open")).count()
     return StateResult(
         latest.select(*[F.col(quote(n)) for n in names], F.col("__pgpoll_u").alias("_untyped"),
                       F.when(F.col("_commit_lsn") >= 0, F.col("_commit_lsn")).alias("_commit_lsn"), "_commit_ts"),
-        unresolved,
+        unresolved, open_rows,
     )
 
 
