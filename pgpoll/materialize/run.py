@@ -64,7 +64,9 @@ from pgpoll.materialize.snapshot_merge import (
     RESNAPSHOT_FIX,
     added_columns_warning,
     base_frame,
+    converged,
     predates_warning,
+    recheck_rows,
     resnapshot_command,
     select_records,
     snapshot_filter,
@@ -285,9 +287,12 @@ class Materializer:
         target = self.dest.path(name)
         snap = self.snapshots.latest(*parsed)
         marker = self._read_marker(name)
-        if snap is not None and (marker is None or marker.get("snapshot_id") != snap.snapshot_id):
+        if snap is not None and (marker is None or marker.get("snapshot_id") != snap.snapshot_id
+                                 or marker.get("snapshot_rechecks_pending")):
             log.info("%s: building on snapshot %s", qualified, snap.snapshot_id)
-            marker = None  # a newer snapshot: rebuild the table from it and the change log
+            # a newer snapshot, or recheck rows not applied yet (the change log had not converged): rebuild the
+            # table from the snapshot and the change log
+            marker = None
             self.rebuilt.add(name)
         snapshot_info = snapshot_json(snap, self.high_water)
         position = Lsn.parse(marker["position"]) if marker else None
@@ -312,7 +317,13 @@ class Materializer:
         if computed is None:
             computed = self._spark_state(name, parsed, snap, rule, partitions, marker, [f for f, _s in files])
         warnings = computed.warnings
-        if computed.unresolved_toast:
+        if computed.unresolved_toast and snap is not None and snap.rechecks and converged(snap, self.high_water):
+            warnings.append(
+                f"{qualified}: {computed.unresolved_toast} row(s) lack an unchanged TOAST value (left null): they "
+                f"changed key twice while snapshot {snap.snapshot_id} read the table, the second time during its "
+                f"recheck; fix: run {resnapshot_command(qualified)}"
+            )
+        elif computed.unresolved_toast:
             warnings.append(
                 f"{qualified}: {computed.unresolved_toast} row(s) keep an unchanged TOAST value that predates the "
                 f"captured history (left null); fix: run {resnapshot_command(qualified)}"
@@ -323,6 +334,8 @@ class Materializer:
         meta: dict[str, Any] = {"position": end, "schema_id": computed.described.schema_id, "table": qualified}
         if snap is not None:
             meta["snapshot_id"] = snap.snapshot_id
+            if snap.rechecks and not converged(snap, self.high_water):
+                meta["snapshot_rechecks_pending"] = True  # the next run rebuilds from the snapshot
         if computed.table is not None:
             rows = self._write_arrow(name, computed.table, meta, computed.key)
         else:
@@ -377,11 +390,14 @@ class Materializer:
         summary = self.summaries[name] = summarize(events) if events is not None else ChangeSummary()
         described, columns, key, warnings = self.describe(parsed, summary, marker, floor, shape)
         renamed = {c.name: s.name for c, s in zip(described.columns, columns, strict=True)}
+        rechecks = None
         if snap is not None:
             rule = snapshot_filter(snap, described, columns)
             previous = (_align(self._read_previous(name, events, key, columns), columns) if marker
                         else base_frame(self.spark, snap, described, columns,
                                         lambda files: self.read_parquet(self.fs, files, files=True)))
+            rechecks = None if marker else recheck_rows(self.spark, snap, described, columns, self.high_water,
+                                                        lambda files: self.read_parquet(self.fs, files, files=True))
         else:
             previous = _align(self._read_previous(name, events, key, columns), columns) if marker else None
             if marker is None and key and summary.touches:  # (only UPDATEs and DELETEs can touch such rows)
@@ -398,12 +414,15 @@ class Materializer:
                 stretch = _from(events, start) if i else events
                 if i + 1 < len(segments):
                     stretch = stretch.where(~_from_condition(segments[i + 1][0]))
-                part = materialize(stretch, previous, columns, [renamed.get(k, k) for k in _replay_key(shape_i)], rule)
-                previous, unresolved = part.frame.localCheckpoint(), unresolved + part.unresolved_toast
+                part = materialize(stretch, previous, columns, [renamed.get(k, k) for k in _replay_key(shape_i)], rule,
+                                   rechecks=rechecks)
+                previous = part.frame.localCheckpoint()
+                unresolved += part.unresolved_rows if part.unresolved_rows is not None else part.unresolved_toast
             result = StateResult(previous, unresolved)
         else:
-            result = materialize(events, previous, columns, key, rule, summary)
-        return ComputedState(described, key, warnings, result.unresolved_toast, frame=result.frame)
+            result = materialize(events, previous, columns, key, rule, summary, rechecks)
+        unresolved = result.unresolved_rows if result.unresolved_rows is not None else result.unresolved_toast
+        return ComputedState(described, key, warnings, unresolved, frame=result.frame)
 
     def describe(self, parsed: tuple[str, str], summary: ChangeSummary, marker: dict[str, Any] | None,
                  floor: tuple[tuple[int, int], TableSchema] | None, shape: TableSchema | None,
