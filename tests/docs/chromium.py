@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -93,7 +94,7 @@ class Browser:
             [executable, *FLAGS, *extra_flags, f"--user-data-dir={self._profile}", "--remote-debugging-pipe",
              "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            preexec_fn=child_fds, pass_fds=(3, 4),
+            preexec_fn=child_fds, pass_fds=(3, 4), start_new_session=True,  # its own process group (see close)
         )
         os.close(to_browser_r)
         os.close(from_browser_w)
@@ -173,8 +174,9 @@ class Browser:
             self.send("Browser.close", timeout=5)
         try:
             self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        except subprocess.TimeoutExpired:  # the browser and its helper processes (renderer, GPU, zygote)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         for fd in (self._to_browser, self._from_browser):
             with contextlib.suppress(OSError):
