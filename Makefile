@@ -7,12 +7,13 @@ PY := $(VENV)/bin/python
 PGPOLL_TEST_PG ?= 15,16,17,18
 export PGPOLL_TEST_PG
 
-.PHONY: help prereqs install test demo bench dist airflow-venv clean
+.PHONY: help prereqs install test demo bench dist airflow-venv docs vendor-mermaid clean
 
 help:
 	@echo "make demo   - set up .venv, start a throwaway PostgreSQL, fill a slot and show it"
 	@echo "make test   - set up .venv and run the whole test suite"
 	@echo "make bench  - run the benchmarks and print their figures"
+	@echo "make docs   - regenerate the reference pages from the code and build the documentation site into site/"
 	@echo "make dist   - build dist/: the wheel, pgpoll.zip for spark-submit --py-files, ingest.py, materialize.py, snapshot.py, log4j2.properties"
 	@echo "make airflow-venv - Apache Airflow 3 and its Spark provider in .venv-airflow (apart from .venv), for the DAG test"
 	@echo "make clean  - remove .venv and build leftovers"
@@ -30,7 +31,7 @@ prereqs:
 $(VENV)/.installed: pyproject.toml | prereqs
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,matrix]'
+	$(PY) -m pip install -q -e '.[test,matrix,docs]'
 	@touch $@
 
 install: prereqs $(VENV)/.installed
@@ -60,6 +61,30 @@ demo: prereqs $(VENV)/.demo-installed
 bench: install
 	$(PY) -m pgpoll.testing.prereqs
 	$(PY) bench/run_all.py
+	cp bench/results/report.md docs/snippets/bench-report.md  # the Performance page includes it: commit it
+
+# The documentation site (docs/, mkdocs.yml): the reference pages generated from the code (committed; the tests
+# fail when they are stale), then a strict build into site/. Needs nothing from the network.
+docs: $(VENV)/.installed
+	$(PY) docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+	@echo "built site/: open site/index.html, or serve it: $(PY) -m http.server -d site"
+
+# Mermaid for the site's diagrams is vendored from npm (committed, so the build and the site need no network).
+# Stay on major 11: Material's integration is written for it. make vendor-mermaid MERMAID_VERSION=11.x.y
+MERMAID_VERSION ?= 11.17.2
+MERMAID_DIR := docs/assets/vendor/mermaid
+vendor-mermaid:
+	@command -v npm >/dev/null 2>&1 || { echo "vendor-mermaid needs npm (Debian: apt-get install npm)"; exit 2; }
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  (cd "$$tmp" && npm pack --silent mermaid@$(MERMAID_VERSION) >/dev/null && tar xzf mermaid-$(MERMAID_VERSION).tgz) && \
+	  cp "$$tmp/package/dist/mermaid.min.js" "$$tmp/package/LICENSE" $(MERMAID_DIR)/ && \
+	  { echo "version: $(MERMAID_VERSION)"; \
+	    echo "source: npm pack mermaid@$(MERMAID_VERSION) (npm checks the registry's integrity hash): package/dist/mermaid.min.js and package/LICENSE (MIT)"; \
+	    echo "sha256: $$(sha256sum $(MERMAID_DIR)/mermaid.min.js | cut -d' ' -f1)"; \
+	    echo "update: make vendor-mermaid MERMAID_VERSION=11.x.y (tests/docs/test_site.py checks this file against mermaid.min.js)"; \
+	  } > $(MERMAID_DIR)/VERSION
+	@cat $(MERMAID_DIR)/VERSION
 
 # What a Spark cluster needs: the wheel (pip install it where pgpoll should be installed), the same
 # wheel as dist/pgpoll.zip (spark-submit --py-files puts only .zip/.egg/.jar files on the executors'
@@ -92,4 +117,4 @@ airflow-venv: $(AIRFLOW_VENV)/.installed
 	@$(AIRFLOW_VENV)/bin/airflow version
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .demo
+	rm -rf $(VENV) build dist *.egg-info .demo site
