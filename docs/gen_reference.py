@@ -57,9 +57,19 @@ def walk(command: click.Command, path: tuple[str, ...] = ()) -> Iterator[tuple[t
             yield from walk(command.commands[name], (*path, name))
 
 
+def _context(command: click.Command, name: str) -> click.Context:
+    """A context for ``command`` as the ``pgpoll`` group makes it: the group's ``-h``/``--help`` are inherited
+    (click caches a command's help option at its first use, so a bare context would show ``--help`` only until
+    the command had run once through the group)."""
+    from pgpoll.cli.main import cli
+
+    root = click.Context(cli, info_name="pgpoll", **cli.context_settings)
+    return click.Context(command, info_name=name, parent=root)
+
+
 def options_of(command: click.Command) -> list[click.Option]:
     """The command's options, as ``--help`` lists them (``--help`` itself included)."""
-    ctx = click.Context(command, info_name="pgpoll")
+    ctx = _context(command, "pgpoll")
     return [p for p in command.get_params(ctx) if isinstance(p, click.Option)]
 
 
@@ -112,7 +122,7 @@ def _names(option: click.Option) -> str:
 def render_command(words: tuple[str, ...], command: click.Command) -> str:
     """One command's section: heading, usage, help, arguments, options."""
     name = " ".join(("pgpoll", *words))
-    ctx = click.Context(command, info_name=name)
+    ctx = _context(command, name)
     out = [f"## {name}", "", "```", f"{name} {' '.join(command.collect_usage_pieces(ctx))}".rstrip(), "```", ""]
     if command.help:
         out += [_prose(inspect.cleandoc(command.help).replace("\b\n", "")), ""]

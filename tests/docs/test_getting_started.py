@@ -3,7 +3,7 @@
 Every command block of ``docs/getting-started/`` carries a marker (see :mod:`tests.docs.doc_blocks`);
 the ``run`` blocks of all pages are run in the navigation's order in one bash session, as a reader would
 type them, with only the example names replaced: the server (``db.example.com``), the paths under
-``/data/pg/`` and, so that nothing collides on a shared server, the role and slot names. Two tables stand
+the example data directory (``data/pg`` at the root) and, so that nothing collides on a shared server, the role and slot names. Two tables stand
 for the reader's application; ``app-sql`` markers write to them between steps. At the end the
 materialized state must equal the source, table by table.
 
@@ -111,7 +111,7 @@ def test_getting_started_runs_as_written(db: Any, tmp_path: Path) -> None:
         "pgpoll_capture@db.example.com/appdb": f"{role}@{host}/{db.name}",
         "pgpoll_capture": role,
         "orders_slot": slot,
-        "/data/pg/": f"{data}/",
+        "/data/pg/": f"{data}/",  # checkout-paths: data
     }
     found = [b for page in PAGES for b in blocks(page)]
     bindir = next((inst.bindir for inst in find_bindirs().values() if (inst.bindir / "psql").exists()), None)

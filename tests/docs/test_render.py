@@ -63,7 +63,7 @@ def _drawn(doc: Node, expected: int) -> bool:
 
 @pytest.mark.parametrize(("page", "title", "diagrams"), [
     ("/", "pgpoll", 1),
-    ("/concepts/peek-then-advance/", "Peek, then advance", 1),
+    ("/concepts/peek-then-advance/", "Peek, then advance", 1),  # checkout-paths: data
 ])
 def test_page_renders_with_navigation_and_diagrams(chromium: str, served_site: str, tmp_path: Path, page: str,
                                                    title: str, diagrams: int) -> None:
@@ -90,4 +90,4 @@ def test_page_renders_with_navigation_and_diagrams(chromium: str, served_site: s
         assert svg.find_all("g"), "an empty SVG"
     # everything came from the local server (data: URLs are inline)
     assert requested and all(u.startswith((served_site, "data:")) for u in requested), requested
-    assert any(u.endswith("/assets/vendor/mermaid/mermaid.min.js") for u in requested)
+    assert any(u.endswith("/assets/vendor/mermaid/mermaid.min.js") for u in requested)  # checkout-paths: data
