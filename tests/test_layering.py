@@ -9,6 +9,9 @@ only in the CLI; no import cycle. Nothing in Python enforces that, so this test 
   libraries (pyspark, py4j, drivers, click, tenacity); pyarrow and the standard library are fine;
 * database drivers and SQLAlchemy only in ``pgpoll/source/`` and ``pgpoll/testing/``;
 * click only in ``pgpoll/cli/``;
+* Airflow only in ``pgpoll/airflow/``, which imports nothing but Airflow, the standard library and its
+  own package, and so does the package root ``pgpoll/__init__.py`` that loads it: pgpoll is installed in
+  Airflow's environment without its dependencies, for the DAG file's operators;
 * no cycle among pgpoll's modules. Every import counts: those inside functions (they still tie the
   modules together; they only hide the cycle until one runs) and those under ``if TYPE_CHECKING:``
   (they never run, but the two modules still cannot be understood, moved or tested one without the
@@ -21,6 +24,7 @@ Every rule is also run on a small synthetic tree, so a checker that can no longe
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +44,9 @@ PURE_FORBIDDEN = (
 DRIVERS = ("psycopg2", "psycopg", "psycopg_pool", "adbc_driver_postgresql", "adbc_driver_manager", "sqlalchemy")
 DRIVER_PACKAGES = ("pgpoll.source", "pgpoll.testing")
 CLICK_PACKAGES = ("pgpoll.cli",)
+# Imported in Airflow's environment, where pgpoll is installed without its dependencies: the package and the root.
+AIRFLOW_PACKAGE = "pgpoll.airflow"
+AIRFLOW_MAY_IMPORT = ("airflow", "pgpoll.airflow")
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,11 @@ def _layer_problem(imp: Import) -> str | None:
         return f"it is a database library; only {' and '.join(DRIVER_PACKAGES)} may import one"
     if top == "click" and not _within(imp.importer, CLICK_PACKAGES):
         return "only pgpoll.cli may import click"
+    if imp.importer == "pgpoll" or _within(imp.importer, (AIRFLOW_PACKAGE,)):
+        if top not in sys.stdlib_module_names and not _within(imp.target, AIRFLOW_MAY_IMPORT):
+            return "pgpoll.airflow (and the package root) may import only Airflow, the standard library and itself"
+    elif top == "airflow":
+        return "only pgpoll.airflow may import airflow"
     return None
 
 
@@ -249,7 +261,7 @@ def test_pgpoll_keeps_its_layering() -> None:
 
 def test_the_checker_sees_pgpoll() -> None:
     modules = module_names(ROOT)
-    assert {"pgpoll.decode.wire", "pgpoll.errors", "pgpoll.cli"} <= set(modules)
+    assert {"pgpoll.decode.wire", "pgpoll.errors", "pgpoll.cli", "pgpoll.airflow.operators"} <= set(modules)
     assert any(imp.target == "pgpoll.errors" for imp in all_imports(ROOT))
 
 
@@ -280,6 +292,9 @@ def test_a_clean_tree_passes(tmp_path: Path) -> None:
         "pgpoll/sink/host.py": "from typing import Protocol\nclass Host(Protocol):\n    name: str\n",
         "pgpoll/sink/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pgpoll.sink.host import Host\n",
         "pgpoll/sink/b.py": "from pgpoll.sink import a\nfrom pgpoll.sink.host import Host\n",
+        "pgpoll/airflow/__init__.py": '"""Operators."""\n',
+        "pgpoll/airflow/ops.py": "import json\nfrom airflow.sdk import DAG\nfrom pgpoll.airflow import hooks\n",
+        "pgpoll/airflow/hooks.py": "from __future__ import annotations\nfrom typing import Any\n",
     })
     assert violations(root) == []
 
@@ -298,6 +313,10 @@ def test_a_clean_tree_passes(tmp_path: Path) -> None:
     ("pgpoll/reader.py", "import adbc_driver_manager\n", "adbc_driver_manager; it is a database library"),
     ("pgpoll/sink/x.py", "import click\n", "only pgpoll.cli may import click"),
     ("pgpoll/source/x.py", "class C:\n    def f(self):\n        from click import echo\n", "only pgpoll.cli may"),
+    ("pgpoll/sink/x.py", "from airflow.sdk import DAG\n", "only pgpoll.airflow may import airflow"),
+    ("pgpoll/airflow/x.py", "from pgpoll.sink import writer\n", "pgpoll.airflow (and the package root) may import only"),
+    ("pgpoll/airflow/x.py", "def f():\n    import pyarrow\n", "pgpoll.airflow (and the package root) may import only"),
+    ("pgpoll/__init__.py", "from pgpoll.source import conn\n", "pgpoll.airflow (and the package root) may import only"),
 ])
 def test_each_layer_rule_can_fail(tmp_path: Path, module: str, text: str, expected: str) -> None:
     root = _tree(tmp_path, {"pgpoll/sink/writer.py": "", "pgpoll/source/conn.py": "", module: text})
