@@ -15,7 +15,7 @@ help:
 	@echo "make bench  - run the benchmarks and print their figures"
 	@echo "make docs   - regenerate the reference pages from the code and build the documentation site into site/"
 	@echo "make dist   - build dist/: the wheel, pgpoll.zip for spark-submit --py-files, ingest.py, materialize.py, snapshot.py, log4j2.properties"
-	@echo "make airflow-venv - Apache Airflow 3 and its Spark provider in .venv-airflow (apart from .venv), for the DAG test"
+	@echo "make airflow-venv - Apache Airflow 3, its Spark provider and pgpoll (no dependencies) in .venv-airflow, for the DAG test"
 	@echo "make clean  - remove .venv and build leftovers"
 
 prereqs:
@@ -43,7 +43,7 @@ AIRFLOW ?= 1
 test: install
 	@if [ "$(AIRFLOW)" = 1 ]; then $(MAKE) --no-print-directory airflow-venv || \
 	  echo "note: could not build $(AIRFLOW_VENV) (Apache Airflow from PyPI): the Airflow DAG tests will skip"; fi
-	PGPOLL_TEST_AIRFLOW=$$([ "$(AIRFLOW)" = 1 ] && [ -f $(AIRFLOW_VENV)/.installed ] && echo 1) $(PY) -m pytest
+	PGPOLL_TEST_AIRFLOW=$$([ "$(AIRFLOW)" = 1 ] && [ -f $(AIRFLOW_VENV)/.pgpoll-installed ] && echo 1) $(PY) -m pytest
 
 # The demo needs pgpoll itself and DuckDB (to read back what it wrote), not the test-only PostgreSQL
 # wheels of the `matrix` extra: it runs on the system's PostgreSQL (Debian: apt-get install postgresql).
@@ -113,7 +113,13 @@ $(AIRFLOW_VENV)/.installed: | prereqs
 	  "apache-airflow>=3,<4" apache-airflow-providers-apache-spark
 	@touch $@
 
-airflow-venv: $(AIRFLOW_VENV)/.installed
+# pgpoll goes into it without its dependencies, as into a user's Airflow (the DAG file imports pgpoll.airflow,
+# which needs only Airflow and the standard library); editable, so the DAG test sees this checkout.
+$(AIRFLOW_VENV)/.pgpoll-installed: $(AIRFLOW_VENV)/.installed pyproject.toml
+	$(AIRFLOW_VENV)/bin/python -m pip install -q --no-deps -e .
+	@touch $@
+
+airflow-venv: $(AIRFLOW_VENV)/.pgpoll-installed
 	@$(AIRFLOW_VENV)/bin/airflow version
 
 clean:

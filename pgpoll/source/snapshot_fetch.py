@@ -40,7 +40,8 @@ from pgpoll.source.names import double_quote, sql_literal
 from pgpoll.source.server_errors import translate
 from pgpoll.source.session import pin_settings_sql
 from pgpoll.source.snapshot_catalog import SnapshotTable
-from pgpoll.source.snapshot_chunks import ChunkSpec, binary_copy_query
+from pgpoll.source.snapshot_chunks import binary_copy_query
+from pgpoll.source.snapshot_plans import ChunkSpec
 from pgpoll.source.snapshot_reads import APPLICATION_NAME, FILENODE_SQL, READ_TIMEOUT_MS, ChunkStream, lock_timeout_error
 from pgpoll.typed.native_values import read_natively
 from pgpoll.xids import parse_snapshot

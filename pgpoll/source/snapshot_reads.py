@@ -53,7 +53,8 @@ from pgpoll.source.connection import connect, resolve_dsn
 from pgpoll.source.server_errors import translate
 from pgpoll.source.session import SESSION_SETTINGS, pinned_transaction
 from pgpoll.source.snapshot_catalog import SnapshotTable
-from pgpoll.source.snapshot_chunks import PROBE_TIMEOUT_MS, ChunkSpec, copy_sql, parse_csv, plan_chunks, set_timeout, stream_csv
+from pgpoll.source.snapshot_chunks import copy_sql, parse_csv, stream_csv
+from pgpoll.source.snapshot_plans import PROBE_TIMEOUT_MS, ChunkSpec, plan_chunks, set_timeout
 from pgpoll.xids import Snapshot, parse_snapshot
 
 APPLICATION_NAME = "pgpoll-snapshot"
