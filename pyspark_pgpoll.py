@@ -19,5 +19,5 @@ try:
 
     if supported(str(pyspark.__version__)):
         from pgpoll.spark.data_source import PgpollDataSource as DefaultSource  # noqa: F401 (Spark looks it up)
-except Exception:  # noqa: BLE001, S110 -- see the module docstring
+except Exception:
     pass
