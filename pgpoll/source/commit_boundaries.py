@@ -13,7 +13,8 @@ the server and aggregates it there (``WITH ORDINALITY`` and a running sum in
 a window), so one row comes back however large the backlog: the number of
 rows the peek returned, the first boundary after ``after``, and the last
 boundary whose running totals of changes and of their plugin-output bytes stay
-within the limits. The peek never moves the slot, and it never reads past the
+within the limits (without limits, a plain aggregate: the last boundary, with
+no window and no sort, costs about what the server's decode costs). The peek never moves the slot, and it never reads past the
 flush position as it was when the call started (``GetFlushRecPtr()`` in
 ``pg_logical_slot_get_changes_guts``), so every boundary it returns is flushed.
 
@@ -112,6 +113,21 @@ SELECT (SELECT count(*) FROM p),
 """
 
 
+def _query_all(plugin: str, options: list[str]) -> str:
+    """Without limits: the last boundary in range, as one plain aggregate (no window, no sort: about a plain decode)."""
+    func = "pg_logical_slot_peek_binary_changes" if plugin in BINARY_PLUGINS else "pg_logical_slot_peek_changes"
+    is_boundary, is_change = _PGOUTPUT if plugin in BINARY_PLUGINS else _TEST_DECODING
+    opts = "".join(f", %(o{i})s" for i in range(len(options)))
+    return f"""
+SELECT count(*),
+       (max(lsn) FILTER (WHERE {is_boundary} AND lsn > %(after)s::pg_lsn
+                           AND (%(upto_lsn)s::pg_lsn IS NULL OR lsn <= %(upto_lsn)s::pg_lsn)) - '0/0'::pg_lsn)::bigint,
+       count(*) FILTER (WHERE {is_change}),
+       coalesce(sum(octet_length(data)) FILTER (WHERE {is_change}), 0)
+  FROM {func}(%(slot)s, %(upto_lsn)s::pg_lsn, NULL::int{opts})
+"""
+
+
 def _first_bound(max_changes: int | None, max_bytes: int | None) -> int | None:
     """The first peek's ``upto_nchanges``: about twice the changes the limit allows (BEGIN/COMMIT rows count too)."""
     if max_changes is not None:
@@ -140,6 +156,8 @@ def next_boundary(
     read-only transaction with the pinned settings; the slot does not move.
     """
     check_slot_name(slot)
+    if max_changes is None and max_bytes is None:
+        return _last_boundary(conn, slot, plugin, options, after, cap)
     query = _query(plugin, options)
     upto_n = _first_bound(max_changes, max_bytes)
     peeked = 0
@@ -168,6 +186,20 @@ def next_boundary(
         if over or not stopped_on_bound or upto_n is None:
             return Boundary(Lsn(within), int(within_changes), int(within_bytes), False, peeked)
         upto_n *= _WIDEN  # the peek stopped on its bound before reaching a limit: more may fit
+
+
+def _last_boundary(conn: Any, slot: str, plugin: str, options: list[str], after: Lsn, cap: Lsn | None) -> Boundary:
+    """:func:`next_boundary` without limits. ``changes``/``bytes`` count every change of the peek (the slot is
+    at ``after`` when a stream asks, so that is what the batch holds before ``tables`` filters it)."""
+    params: dict[str, Any] = {"slot": slot, "after": str(after), "upto_lsn": str(cap) if cap is not None else None,
+                              **{f"o{i}": value for i, value in enumerate(options)}}
+    try:
+        with pinned_transaction(conn) as cur:
+            cur.execute(_query_all(plugin, options), params)
+            rows, last, changes, size = cur.fetchone()
+    except psycopg2.Error as exc:
+        raise translate(exc, slot=slot) from None
+    return Boundary(Lsn(last) if last is not None else None, int(changes), int(size), False, int(rows))
 
 
 def flush_position(conn: Any) -> Lsn:

@@ -211,7 +211,7 @@ class StreamOffsets:
 
     def prepare_available_now(self) -> None:
         """Fix the run's target: what is flushed now (after a heartbeat, when the slot lags)."""
-        self._heartbeat_if_lagging(force_every=False)
+        self._heartbeat_if_lagging(rate_limited=False)
         self.cap = self.control.call(flush_position)
         log.info("Trigger.AvailableNow: reading slot %s up to %s", self.slot, self.cap)
 
@@ -231,7 +231,7 @@ class StreamOffsets:
         self.last = found
         if found.end is None:
             if self.cap is None:
-                self._heartbeat_if_lagging(force_every=True)
+                self._heartbeat_if_lagging(rate_limited=True)
             return start
         log.debug("next batch of slot %s: (%s, %s], %d change(s), %d byte(s)%s", self.slot, start, found.end,
                   found.changes, found.bytes, " (one transaction over the limit)" if found.over_limit else "")
@@ -249,9 +249,13 @@ class StreamOffsets:
 
     # ---- heartbeats ---------------------------------------------------------------------------------
 
-    def _heartbeat_if_lagging(self, *, force_every: bool) -> None:
-        """Write a heartbeat when the slot lags far with nothing to read (see the module docstring)."""
-        if force_every and time.monotonic() - self._last_heartbeat < HEARTBEAT_EVERY_S:
+    def _heartbeat_if_lagging(self, *, rate_limited: bool) -> None:
+        """Write a heartbeat when the slot lags far with nothing to read (see the module docstring).
+
+        ``rate_limited``: at most one per :data:`HEARTBEAT_EVERY_S` (a running
+        stream asks at every trigger; its heartbeat's batch comes a trigger later).
+        """
+        if rate_limited and time.monotonic() - self._last_heartbeat < HEARTBEAT_EVERY_S:
             return
         lag = self.control.wal_lag()
         if lag is None or lag < HEARTBEAT_AFTER_BYTES:
