@@ -18,7 +18,8 @@ partition. A record batch ``read`` yields must equal the declared schema as
 ``pyspark/sql/worker/plan_data_source_read.py``): every batch is conformed to
 ``to_arrow_schema`` of the schema Spark passes in. Partitions are pickled;
 their ``repr`` never shows the DSN (``InputPartition``'s own shows all
-attributes).
+attributes). A batch reader with no partition gets one ``InputPartition(None)``
+to read (``plan_data_source_read.py``): it yields nothing.
 """
 
 from __future__ import annotations
@@ -156,8 +157,8 @@ class SlotPreviewReader(DataSourceReader):
             offsets.stop()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, PartitionOf)
-        yield from _read(partition.payload, self.shape, self.arrow)
+        if isinstance(partition, PartitionOf):
+            yield from _read(partition.payload, self.shape, self.arrow)
 
 
 class OutputReader(DataSourceReader):
@@ -179,8 +180,8 @@ class OutputReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from pgpoll.spark.output_reads import read_scan
 
-        assert isinstance(partition, PartitionOf)
-        yield from read_scan(partition.payload, self.arrow)
+        if isinstance(partition, PartitionOf):  # no partition: Spark reads one InputPartition(None) instead
+            yield from read_scan(partition.payload, self.arrow)
 
 
 class SlotStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -236,8 +237,8 @@ class SlotStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [PartitionOf(_slot_read(self.opts, self.offsets.plugin, self.offsets.peek_options, first, last))]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, PartitionOf)
-        yield from _read(partition.payload, self.shape, self.arrow)
+        if isinstance(partition, PartitionOf):
+            yield from _read(partition.payload, self.shape, self.arrow)
 
     def commit(self, end: dict[str, Any]) -> None:
         from pgpoll.spark.stream_offsets import offset_lsn

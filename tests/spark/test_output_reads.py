@@ -72,6 +72,11 @@ def test_the_change_log_is_what_read_changes_reads(pg: Any, output: str) -> None
     assert len(frame.collect()) > 250
 
 
+def test_an_output_without_batches_reads_empty(pg: Any, tmp_path: Path) -> None:
+    frame = pg.read.format("pgpoll").load(str(tmp_path / "nothing"))
+    assert frame.collect() == [] and frame.schema == read_changes(pg, str(tmp_path / "nothing")).schema
+
+
 def test_an_lsn_range_keeps_afterlsn_below_commit_lsn_up_to_uptolsn(pg: Any, output: str) -> None:
     commits = sorted({r.commit_lsn for r in read_changes(pg, output).select("commit_lsn").collect()})
     after, upto = commits[len(commits) // 4], commits[3 * len(commits) // 4]
