@@ -249,7 +249,11 @@ def _open(fs: pafs.FileSystem, base: str, ref: FileRef | DirRef) -> Iterator[Any
     """The open Parquet files of ``ref``; a committed file moved between the look and the open is looked for again."""
     if isinstance(ref, DirRef):
         for path in _paths(fs, base, ref):
-            yield open_parquet(fs, path)
+            try:
+                yield open_parquet(fs, path)
+            except FileNotFoundError:  # a Parquet state swapped in whole by a materialize run meanwhile
+                raise SinkError(f"{path} went away while it was read (a newer state replaced it)",
+                                "read again: the new state is complete") from None
         return
     for attempt in range(3):
         try:

@@ -8,6 +8,14 @@ rather than run differently there, registration refuses with the version
 needed. Both sides count: the JVM's Spark (``spark.version``) and the
 PySpark that runs the source's Python (``pyspark.__version__``).
 
+What makes the stream use them (PySpark 4.3): ``check_support_func`` in
+``pyspark/sql/streaming/python_streaming_source_runner.py`` reports admission
+control when ``latestOffset`` takes ``(start, limit)`` and Trigger.AvailableNow
+when the reader subclasses ``SupportsTriggerAvailableNow``; the JVM then wraps
+the reader as ``PythonMicroBatchStreamWithTriggerAvailableNow`` (a
+``SupportsTriggerAvailableNow``, so ``MicroBatchExecution`` runs
+``availableNow`` in several batches and calls ``prepareForTriggerAvailableNow``).
+
 Spark prints a stream's options in its plans (``StreamingRelationV2 ...
 [dsn=..., slot=...]`` in ``explain`` and in a failed query's message),
 redacting the values of options whose name matches

