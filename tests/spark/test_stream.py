@@ -259,6 +259,18 @@ def test_a_spark_below_4_2_is_refused_by_name() -> None:
     check_versions("4.2.0", "4.3.0")
 
 
+def test_sparks_own_lookup_finds_the_source() -> None:
+    """Spark registers ``DefaultSource`` of every top-level ``pyspark_*`` module (``lookup_data_sources.py``)."""
+    import pkgutil
+
+    import pyspark_pgpoll
+
+    from pgpoll.spark.data_source import PgpollDataSource
+
+    assert "pyspark_pgpoll" in {m.name for m in pkgutil.iter_modules()}
+    assert pyspark_pgpoll.DefaultSource is PgpollDataSource and PgpollDataSource.name() == "pgpoll"
+
+
 def test_registration_widens_the_option_redaction_to_the_dsn() -> None:
     from pgpoll.spark.registration import redaction_pattern
 
