@@ -264,7 +264,6 @@ def test_sparks_own_lookup_finds_the_source() -> None:
     import pkgutil
 
     import pyspark_pgpoll
-
     from pgpoll.spark.data_source import PgpollDataSource
 
     assert "pyspark_pgpoll" in {m.name for m in pkgutil.iter_modules()}
