@@ -33,7 +33,7 @@ from tests.ingest.test_fencing import (
     write_round,
 )
 
-ROUNDS, ROWS, UPDATED = 2, 12000, 1090  # UPDATED: ids of 1..ROWS divisible by 11, once per round
+ROUNDS, ROWS, UPDATED = 2, 8000, 727  # UPDATED: ids of 1..ROWS divisible by 11, once per round
 
 
 def test_reads_while_ingests_race_with_kills_see_each_committed_change_once(db: Any, spark: Any, tmp_path: Path) -> None:
