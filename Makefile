@@ -89,7 +89,8 @@ vendor-mermaid:
 # What a Spark cluster needs: the wheel (pip install it where pgpoll should be installed), the same
 # wheel as dist/pgpoll.zip (spark-submit --py-files puts only .zip/.egg/.jar files on the executors'
 # sys.path; a pure-Python wheel is a zip with the package at its root) and the entry scripts, ingest.py
-# materialize.py and snapshot.py.
+# materialize.py and snapshot.py. The same zip carries format("pgpoll") for an application's own Spark code
+# (pgpoll.spark.register(spark), and pyspark_pgpoll.py at its root for Spark's lookup of Python data sources).
 DIST ?= dist
 dist: $(VENV)/.installed
 	@mkdir -p $(DIST)

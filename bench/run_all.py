@@ -8,6 +8,9 @@ report (``bench/report.py``) shows the gate metric — drain time minus an empty
 run, over the server's decode — and ``--typed-tables`` over plain side by side,
 and is saved as ``bench/results/report.md``. ``PGPOLL_WRITER=spark`` measures
 Spark's Parquet writer (the fallback path) instead of the task's pyarrow one.
+``bench_stream.py`` sets a Spark stream's availableNow drain
+(``spark.readStream.format("pgpoll")``) beside ``pgpoll ingest`` with every
+batch a Spark job (goal <= 1.5x, each net of its empty run).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def main() -> int:
          "--repeat", repeat],
         [sys.executable, str(HERE / "bench_delta.py"), "--rows", os.environ.get("PGPOLL_BENCH_DELTA_ROWS", "2000000"), "--small"],
         [sys.executable, str(HERE / "bench_iceberg.py"), "--rows", os.environ.get("PGPOLL_BENCH_DELTA_ROWS", "2000000")],
+        [sys.executable, str(HERE / "bench_stream.py"), "--changes", changes, "--repeat", repeat],
     ]
     status = 0
     for cmd in runs:

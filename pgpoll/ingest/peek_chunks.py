@@ -117,13 +117,16 @@ def peek_chunks(
     rows_per_fetch: int,
     on_xid_reference: Callable[[int], None],
     on_fallback: Callable[[str], None] | None = None,
+    upto_lsn: int | None = None,
 ) -> Iterator[Chunk]:
     """The peek of ``slot`` as :class:`Chunk` s; ``fetch`` is ``"adbc"`` or ``"psycopg2"`` (already chosen).
 
     An ADBC peek that fails before its first row is read again with psycopg2
     (:class:`~pgpoll.source.arrow_peek.FetchUnavailableError`); ``on_fallback``
-    hears why.
+    hears why. ``upto_lsn`` (a Spark stream's batch end) stops the decoding
+    after the WAL record that ends there.
     """
+    from pgpoll.lsn import Lsn
     from pgpoll.source.arrow_peek import ADBC, FetchUnavailableError, peek_arrow
     from pgpoll.source.connection import ConnectionTarget
     from pgpoll.source.slots import peek_chunks as psycopg2_chunks
@@ -131,7 +134,7 @@ def peek_chunks(
 
     if fetch == ADBC:
         batches = peek_arrow(
-            ConnectionTarget(dsn, "task"), slot, plugin, upto_nchanges=upto_nchanges, options=options,
+            ConnectionTarget(dsn, "task"), slot, plugin, upto_nchanges=upto_nchanges, options=options, upto_lsn=upto_lsn,
             application_name=f"pgpoll ingest {slot}", on_first_batch=lambda: on_xid_reference(xid_reference(conn)),
         )
         try:
@@ -142,7 +145,7 @@ def peek_chunks(
                 on_fallback(str(exc))
     for rows in psycopg2_chunks(
         conn, slot, plugin, upto_nchanges=upto_nchanges, options=options, raw_text=True, itersize=rows_per_fetch,
-        on_xid_reference=on_xid_reference,
+        on_xid_reference=on_xid_reference, upto_lsn=Lsn(upto_lsn) if upto_lsn is not None else None,
     ):
         datas = [row[2] for row in rows]
         yield Chunk([row[0] for row in rows], [row[1] for row in rows], datas.__getitem__,

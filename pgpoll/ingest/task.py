@@ -80,6 +80,8 @@ class BatchSpec:
     column_inserts: bool = True
     typed_tables: bool = False  # with the pyarrow writer: write every table's typed rows in the same pass
     target: StagingTarget | None = None  # where the pyarrow writer stages the batch (set by the driver)
+    #: the peek's upto_lsn: decode no further than the WAL record ending there (a Spark stream's batch end)
+    upto_lsn: int | None = None
 
     def __repr__(self) -> str:  # never show the DSN (it may carry a password)
         return f"BatchSpec(slot={self.slot!r}, plugin={self.plugin!r}, upto_nchanges={self.upto_nchanges})"
@@ -166,6 +168,7 @@ def iter_batch(
         outcome.fetch = choose_fetch(spec.plugin, spec.fetch)
         chunks = peek_chunks(
             conn, spec.dsn, spec.slot, spec.plugin, fetch=outcome.fetch, upto_nchanges=spec.upto_nchanges,
+            upto_lsn=spec.upto_lsn,
             options=list(spec.options), rows_per_fetch=CHUNK_ROWS,
             on_xid_reference=asm.set_xid_reference,  # the assembler widens each committed 32-bit xid with it
             on_fallback=lambda why: _fell_back(outcome, why),

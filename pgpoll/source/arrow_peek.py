@@ -33,6 +33,7 @@ import psycopg2.extensions
 import pyarrow as pa
 
 from pgpoll.errors import ConfigError
+from pgpoll.lsn import Lsn
 from pgpoll.source.connection import ConnectionTarget, connect_kwargs, redact
 from pgpoll.source.names import sql_literal
 from pgpoll.source.server_errors import translate
@@ -100,9 +101,10 @@ class _ServerError(Exception):
         self.pgerror = line.splitlines()[0].rstrip(". ") if line else text
 
 
-def _peek_query(plugin: str, slot: str, upto_nchanges: int | None, options: list[str]) -> str:
+def _peek_query(plugin: str, slot: str, upto_nchanges: int | None, options: list[str], upto_lsn: int | None = None) -> str:
     func = "pg_logical_slot_peek_binary_changes" if plugin in BINARY_PLUGINS else "pg_logical_slot_peek_changes"
-    args = [sql_literal(slot) + "::name", "NULL::pg_lsn",
+    upto = "NULL::pg_lsn" if upto_lsn is None else sql_literal(str(Lsn(upto_lsn))) + "::pg_lsn"
+    args = [sql_literal(slot) + "::name", upto,
             "NULL::int" if upto_nchanges is None else f"{int(upto_nchanges)}::int", *map(sql_literal, options)]
     return ("SELECT (lsn - '0/0'::pg_lsn)::bigint AS lsn, xid::text::bigint AS xid, data "
             f"FROM {func}({', '.join(args)})")
@@ -117,15 +119,18 @@ def peek_arrow(
     options: list[str],
     application_name: str,
     on_first_batch: Callable[[], None] | None = None,
+    upto_lsn: int | None = None,
 ) -> Generator[pa.RecordBatch, None, None]:
     """The peek's rows as record batches ``lsn int64, xid int64, data`` (``binary`` for pgoutput, else ``string``).
 
     Raises :class:`FetchUnavailableError` for a failure before the first batch,
     a translated :class:`~pgpoll.errors.PgpollError` for one after it.
 
-    ``on_first_batch`` is called once the server has built the peek's whole
-    result (the first batch arrived), before it is yielded: the ingest task
-    reads its transaction-id reference then (on its other connection).
+    ``upto_lsn`` stops the decoding after the WAL record that ends there (as
+    :func:`pgpoll.source.slots.peek_chunks`). ``on_first_batch`` is called
+    once the server has built the peek's whole result (the first batch
+    arrived), before it is yielded: the ingest task reads its transaction-id
+    reference then (on its other connection).
     """
     import adbc_driver_postgresql.dbapi as adbc
 
@@ -140,7 +145,7 @@ def peek_arrow(
         cur = conn.cursor()
         cur.execute(pin_settings_sql(readonly=True))
         cur.fetchall()
-        cur.execute(_peek_query(plugin, slot, upto_nchanges, options))
+        cur.execute(_peek_query(plugin, slot, upto_nchanges, options, upto_lsn))
         reader: Any = cur.fetch_record_batch()
         for batch in reader:
             if first and on_first_batch is not None:

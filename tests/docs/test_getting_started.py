@@ -3,7 +3,8 @@
 Every command block of ``docs/getting-started/`` carries a marker (see :mod:`tests.docs.doc_blocks`);
 the ``run`` blocks of all pages are run in the navigation's order in one bash session, as a reader would
 type them, with only the example names replaced: the server (``db.example.com``), the paths under
-the example data directory (``data/pg`` at the root) and, so that nothing collides on a shared server, the role and slot names. Two tables stand
+the example data directory (``data/pg`` at the root) and, so that nothing collides on a shared
+server, the role and slot names. Two tables stand
 for the reader's application; ``app-sql`` markers write to them between steps. At the end the
 materialized state must equal the source, table by table.
 
