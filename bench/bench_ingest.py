@@ -16,7 +16,7 @@ run of that kind (Spark's start-up and a first job).
 
 Where the time goes, in this process without Spark on the same peek: the
 batch task's fetch + decode + Arrow columns alone, and the same plus pyarrow's
-Parquet writer (the task's own writer, ``pgpoll.ingest.task.write_batch``).
+Parquet writer (the task's own writer, ``pgpoll.ingest.batch_writes.write_batch``).
 Also the batch task's peak memory for one 200k-row and one 2M-row transaction
 (goal: the 2M one at most 1.25x the 200k one). ``--writer spark`` runs pgpoll
 with ``PGPOLL_WRITER=spark`` (Spark's Parquet writer behind ``mapInArrow``,
@@ -87,7 +87,8 @@ def _fill(conn: Any, rows: int, per_txn: int, start: int = 0) -> None:
 
 def measure_task(dsn: str, slot: str, plugin: str, work: Path) -> dict[str, float]:
     """The batch task without Spark on ``slot`` (peeked, never advanced): decode alone, then decode + pyarrow write."""
-    from pgpoll.ingest.task import BatchOutcome, BatchSpec, iter_batch, write_batch
+    from pgpoll.ingest.batch_writes import write_batch
+    from pgpoll.ingest.task import BatchOutcome, BatchSpec, iter_batch
     from pgpoll.sink.parquet_writer import StagingTarget
     from pgpoll.source.slots import peek_options
 

@@ -112,6 +112,7 @@ def peek_chunks(
     plugin: str,
     *,
     fetch: str,
+    upto_lsn: int | None = None,
     upto_nchanges: int | None,
     options: list[str],
     rows_per_fetch: int,
@@ -124,14 +125,16 @@ def peek_chunks(
     (:class:`~pgpoll.source.arrow_peek.FetchUnavailableError`); ``on_fallback``
     hears why.
     """
+    from pgpoll.lsn import Lsn
     from pgpoll.source.arrow_peek import ADBC, FetchUnavailableError, peek_arrow
     from pgpoll.source.connection import ConnectionTarget
     from pgpoll.source.slots import peek_chunks as psycopg2_chunks
     from pgpoll.source.slots import xid_reference
 
+    upto = Lsn(upto_lsn) if upto_lsn is not None else None
     if fetch == ADBC:
         batches = peek_arrow(
-            ConnectionTarget(dsn, "task"), slot, plugin, upto_nchanges=upto_nchanges, options=options,
+            ConnectionTarget(dsn, "task"), slot, plugin, upto_lsn=upto, upto_nchanges=upto_nchanges, options=options,
             application_name=f"pgpoll ingest {slot}", on_first_batch=lambda: on_xid_reference(xid_reference(conn)),
         )
         try:
@@ -141,7 +144,8 @@ def peek_chunks(
             if on_fallback is not None:
                 on_fallback(str(exc))
     for rows in psycopg2_chunks(
-        conn, slot, plugin, upto_nchanges=upto_nchanges, options=options, raw_text=True, itersize=rows_per_fetch,
+        conn, slot, plugin, upto_lsn=upto, upto_nchanges=upto_nchanges, options=options, raw_text=True,
+        itersize=rows_per_fetch,
         on_xid_reference=on_xid_reference,
     ):
         datas = [row[2] for row in rows]
