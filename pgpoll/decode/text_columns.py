@@ -40,7 +40,6 @@ _BARE = r"null|true|false|NaN|-?Infinity|[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE
 _TOKEN = r"^(?:'[^']*(?:''[^']*)*'|B'[01]*'|" + _BARE + r")$"
 _BRACKET, _COLON = ord("]"), ord(":")
 _QUOTED = r"^'[^']*(?:''[^']*)*'$"
-_NULL = pa.scalar(None, pa.string())
 
 
 def same_prefix_run(chunk: PeekChunk, lo: int, hi: int, prefix: bytes) -> int:
@@ -81,7 +80,7 @@ def _value(tokens: Any) -> pa.Array[Any] | None:
         values = pc.if_else(bits, pc.utf8_slice_codeunits(tokens, 2, -1), values)
     nulls = pc.equal(tokens, pa.scalar("null"))
     if pc.any(nulls).as_py():
-        values = pc.if_else(nulls, _NULL, values)
+        values = pc.if_else(nulls, pa.scalar(None, pa.string()), values)
     result: pa.Array[Any] = values
     return result
 

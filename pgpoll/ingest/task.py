@@ -166,7 +166,7 @@ def iter_batch(
             """
             row = lo
             while row < hi:
-                lsn, xid, data = chunk.lsns[row], chunk.xids[row], chunk.value(row)
+                lsn, xid, data = int(chunk.lsns[row]), chunk.xid_of(row), chunk.value(row)
                 outcome.peeked_rows += 1
                 try:
                     fields = fast_row(data) if fast_row is not None else None
