@@ -147,11 +147,10 @@ def insert_run_after(chunk: PeekChunk, lo: int, hi: int, rel: PgoutputRelation) 
     relation id, as many columns as ``rel`` has, each ``'t'`` or ``'n'``, the
     last value ending the message exactly, text valid UTF-8.
 
-    The values' bytes are taken out of the run's buffer with one boolean
-    mask (the bytes between each value's start and end), which keeps them in
-    the buffer's order: row by row, column by column, the order of the map's
-    items. The mask is repeated from the run's alternating gap and value
-    lengths (one entry per value, not a pass over every byte).
+    The values' bytes are copied out of the run's buffer by one Arrow
+    ``take`` over the buffer seen as alternating header and value strings
+    (no pass in Python or NumPy over every byte), which keeps them in the
+    buffer's order: row by row, column by column, the order of the map's items.
     """
     base = int(chunk.starts[lo])
     buf = chunk.buf[base : int(chunk.ends[hi - 1])]  # the run's bytes only (a view)
@@ -184,39 +183,36 @@ def insert_run_after(chunk: PeekChunk, lo: int, hi: int, rel: PgoutputRelation) 
         lengths.append(length)
         present.append(text)
         pos = start + length
-    if (pos != ends).any():
+    if (pos != ends).any() or len(buf) >= 2**31:
         return None
-    flat_starts, flat_lengths = np.stack(starts, axis=1).ravel(), np.stack(lengths, axis=1).ravel()
+    count = n * width
+    shape = (n, width)
+    flat_starts = np.stack(starts, axis=1).ravel()  # row by row, column by column: the map's items in order
+    flat_lengths = np.stack(lengths, axis=1).ravel()
     flat_present = np.stack(present, axis=1).ravel()
-    offsets = np.zeros(n * width + 1, np.int64)
-    np.cumsum(flat_lengths, out=offsets[1:])
-    if int(offsets[-1]) >= 2**31:
-        return None
-    # the buffer as alternating segments: the gap before each value (headers), then the value; the last gap ends it
-    segments = np.empty(2 * n * width + 1, np.int64)
-    segments[0] = flat_starts[0]
-    segments[2:-1:2] = flat_starts[1:] - (flat_starts[:-1] + flat_lengths[:-1])
-    segments[1:-1:2] = flat_lengths
-    segments[-1] = len(buf) - (flat_starts[-1] + flat_lengths[-1])
-    keep = np.zeros(2 * n * width + 1, np.bool_)
-    keep[1::2] = True
-    data = buf[np.repeat(keep, segments)]
-    nulls = n * width - int(flat_present.sum())
+    # The run's bytes as alternating elements, header then value (their offsets are positions in the buffer, no
+    # copy); taking every second one copies the values out in one pass of Arrow's.
+    bounds = np.empty(2 * count + 1, np.int32)
+    bounds[0] = 0
+    bounds[1::2] = flat_starts
+    bounds[2::2] = flat_starts + flat_lengths
     # numpy arrays export the buffer protocol (the stubs do not say so): no copy
-    validity = pa.py_buffer(np.packbits(flat_present, bitorder="little")) if nulls else None  # type: ignore[arg-type]
-    values: Any = pa.StringArray.from_buffers(
-        n * width, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data), validity, nulls  # type: ignore[arg-type]
-    )
+    parts = pa.Array.from_buffers(pa.string(), 2 * count, [None, pa.py_buffer(bounds), pa.py_buffer(buf)])  # type: ignore[arg-type]
+    values: Any = parts.take(_odd(count))
+    nulls = count - int(flat_present.sum())
+    if nulls:  # a null is an empty value right after its 'n': give it its validity bit
+        _none, offsets, data = values.buffers()
+        validity = pa.py_buffer(np.packbits(flat_present, bitorder="little"))  # type: ignore[arg-type]
+        values = pa.StringArray.from_buffers(count, offsets, data, validity, nulls)
     try:
         values.validate(full=True)  # UTF-8
     except pa.ArrowInvalid:
         return None
     if rel.bool_indexes:
-        shape = (n, width)
         values = _bool_text(values, buf, flat_starts.reshape(shape), flat_lengths.reshape(shape),
                             flat_present.reshape(shape), rel.bool_indexes)
     names = _keys(rel.names, n)
-    map_offsets: Any = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32), pa.int32())
+    map_offsets: Any = pa.array(np.arange(0, count + 1, width, dtype=np.int32), pa.int32())
     return pa.MapArray.from_arrays(map_offsets, names, values)
 
 
@@ -224,6 +220,16 @@ def insert_run_after(chunk: PeekChunk, lo: int, hi: int, rel: PgoutputRelation) 
 _KEYS: dict[tuple[str, ...], pa.Array[Any]] = {}
 #: At most this many keys are kept per relation, and :data:`_KEYS` is emptied past this many relations.
 _KEYS_CACHED, _KEYS_RELATIONS = 1 << 20, 16
+
+
+def _odd(count: int) -> pa.Array[Any]:
+    """The indexes 1, 3, 5, ... of ``count`` values (a slice of a cached array for runs up to 64k values)."""
+    if count > len(_ODD):
+        return pa.array(np.arange(1, 2 * count, 2, dtype=np.int32))
+    return _ODD.slice(0, count)
+
+
+_ODD: pa.Array[Any] = pa.array(np.arange(1, 2 * 65536, 2, dtype=np.int32))
 
 
 def _keys(names: tuple[str, ...], n: int) -> pa.Array[Any]:
