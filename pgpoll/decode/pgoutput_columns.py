@@ -37,7 +37,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from pgpoll.decode.pgoutput_tuples import PgoutputRelation
 
-__all__ = ["MAX_RUN_BYTES", "MIN_RUN", "Ints", "PeekChunk", "insert_run_after"]
+__all__ = ["MAX_RUN_BYTES", "MIN_RUN", "Ints", "PeekChunk", "insert_run_after", "repeated_keys"]
 
 #: Shorter runs go row by row: below this the fixed cost of the column-wise path is not worth it.
 MIN_RUN = 16
@@ -211,7 +211,7 @@ def insert_run_after(chunk: PeekChunk, lo: int, hi: int, rel: PgoutputRelation) 
     if rel.bool_indexes:
         values = _bool_text(values, buf, flat_starts.reshape(shape), flat_lengths.reshape(shape),
                             flat_present.reshape(shape), rel.bool_indexes)
-    names = _keys(rel.names, n)
+    names = repeated_keys(rel.names, n)
     map_offsets: Any = pa.array(np.arange(0, count + 1, width, dtype=np.int32), pa.int32())
     return pa.MapArray.from_arrays(map_offsets, names, values)
 
@@ -232,7 +232,7 @@ def _odd(count: int) -> pa.Array[Any]:
 _ODD: pa.Array[Any] = pa.array(np.arange(1, 2 * 65536, 2, dtype=np.int32))
 
 
-def _keys(names: tuple[str, ...], n: int) -> pa.Array[Any]:
+def repeated_keys(names: tuple[str, ...], n: int) -> pa.Array[Any]:
     """The map keys of ``n`` rows: ``names`` repeated ``n`` times (a zero-copy slice of a cached array).
 
     Building them is a ``take`` over the run's every value (an eighth of a
