@@ -7,14 +7,15 @@ PY := $(VENV)/bin/python
 PGPOLL_TEST_PG ?= 15,16,17,18
 export PGPOLL_TEST_PG
 
-.PHONY: help prereqs install test demo bench dist airflow-venv clean
+.PHONY: help prereqs install test demo bench dist airflow-venv docs vendor-mermaid clean
 
 help:
 	@echo "make demo   - set up .venv, start a throwaway PostgreSQL, fill a slot and show it"
 	@echo "make test   - set up .venv and run the whole test suite"
 	@echo "make bench  - run the benchmarks and print their figures"
+	@echo "make docs   - regenerate the reference pages from the code and build the documentation site into site/"
 	@echo "make dist   - build dist/: the wheel, pgpoll.zip for spark-submit --py-files, ingest.py, materialize.py, snapshot.py, log4j2.properties"
-	@echo "make airflow-venv - Apache Airflow 3 and its Spark provider in .venv-airflow (apart from .venv), for the DAG test"
+	@echo "make airflow-venv - Apache Airflow 3, its Spark provider and pgpoll (no dependencies) in .venv-airflow, for the DAG test"
 	@echo "make clean  - remove .venv and build leftovers"
 
 prereqs:
@@ -30,7 +31,7 @@ prereqs:
 $(VENV)/.installed: pyproject.toml | prereqs
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,matrix]'
+	$(PY) -m pip install -q -e '.[test,matrix,docs]'
 	@touch $@
 
 install: prereqs $(VENV)/.installed
@@ -42,7 +43,7 @@ AIRFLOW ?= 1
 test: install
 	@if [ "$(AIRFLOW)" = 1 ]; then $(MAKE) --no-print-directory airflow-venv || \
 	  echo "note: could not build $(AIRFLOW_VENV) (Apache Airflow from PyPI): the Airflow DAG tests will skip"; fi
-	PGPOLL_TEST_AIRFLOW=$$([ "$(AIRFLOW)" = 1 ] && [ -f $(AIRFLOW_VENV)/.installed ] && echo 1) $(PY) -m pytest
+	PGPOLL_TEST_AIRFLOW=$$([ "$(AIRFLOW)" = 1 ] && [ -f $(AIRFLOW_VENV)/.pgpoll-installed ] && echo 1) $(PY) -m pytest
 
 # The demo needs pgpoll itself and DuckDB (to read back what it wrote), not the test-only PostgreSQL
 # wheels of the `matrix` extra: it runs on the system's PostgreSQL (Debian: apt-get install postgresql).
@@ -60,11 +61,36 @@ demo: prereqs $(VENV)/.demo-installed
 bench: install
 	$(PY) -m pgpoll.testing.prereqs
 	$(PY) bench/run_all.py
+	cp bench/results/report.md docs/snippets/bench-report.md  # the Performance page includes it: commit it
+
+# The documentation site (docs/, mkdocs.yml): the reference pages generated from the code (committed; the tests
+# fail when they are stale), then a strict build into site/. Needs nothing from the network.
+docs: $(VENV)/.installed
+	$(PY) docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+	@echo "built site/: open site/index.html, or serve it: $(PY) -m http.server -d site"
+
+# Mermaid for the site's diagrams is vendored from npm (committed, so the build and the site need no network).
+# Stay on major 11: Material's integration is written for it. make vendor-mermaid MERMAID_VERSION=11.x.y
+MERMAID_VERSION ?= 11.17.2
+MERMAID_DIR := docs/assets/vendor/mermaid
+vendor-mermaid:
+	@command -v npm >/dev/null 2>&1 || { echo "vendor-mermaid needs npm (Debian: apt-get install npm)"; exit 2; }
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  (cd "$$tmp" && npm pack --silent mermaid@$(MERMAID_VERSION) >/dev/null && tar xzf mermaid-$(MERMAID_VERSION).tgz) && \
+	  cp "$$tmp/package/dist/mermaid.min.js" "$$tmp/package/LICENSE" $(MERMAID_DIR)/ && \
+	  { echo "version: $(MERMAID_VERSION)"; \
+	    echo "source: npm pack mermaid@$(MERMAID_VERSION) (npm checks the registry's integrity hash): package/dist/mermaid.min.js and package/LICENSE (MIT)"; \
+	    echo "sha256: $$(sha256sum $(MERMAID_DIR)/mermaid.min.js | cut -d' ' -f1)"; \
+	    echo "update: make vendor-mermaid MERMAID_VERSION=11.x.y (tests/docs/test_site.py checks this file against mermaid.min.js)"; \
+	  } > $(MERMAID_DIR)/VERSION
+	@cat $(MERMAID_DIR)/VERSION
 
 # What a Spark cluster needs: the wheel (pip install it where pgpoll should be installed), the same
 # wheel as dist/pgpoll.zip (spark-submit --py-files puts only .zip/.egg/.jar files on the executors'
 # sys.path; a pure-Python wheel is a zip with the package at its root) and the entry scripts, ingest.py
-# materialize.py and snapshot.py.
+# materialize.py and snapshot.py. The same zip carries format("pgpoll") for an application's own Spark code
+# (pgpoll.spark.register(spark), and pyspark_pgpoll.py at its root for Spark's lookup of Python data sources).
 DIST ?= dist
 dist: $(VENV)/.installed
 	@mkdir -p $(DIST)
@@ -88,8 +114,14 @@ $(AIRFLOW_VENV)/.installed: | prereqs
 	  "apache-airflow>=3,<4" apache-airflow-providers-apache-spark
 	@touch $@
 
-airflow-venv: $(AIRFLOW_VENV)/.installed
+# pgpoll goes into it without its dependencies, as into a user's Airflow (the DAG file imports pgpoll.airflow,
+# which needs only Airflow and the standard library); editable, so the DAG test sees this checkout.
+$(AIRFLOW_VENV)/.pgpoll-installed: $(AIRFLOW_VENV)/.installed pyproject.toml
+	$(AIRFLOW_VENV)/bin/python -m pip install -q --no-deps -e .
+	@touch $@
+
+airflow-venv: $(AIRFLOW_VENV)/.pgpoll-installed
 	@$(AIRFLOW_VENV)/bin/airflow version
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .demo
+	rm -rf $(VENV) build dist *.egg-info .demo site

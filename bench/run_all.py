@@ -13,6 +13,9 @@ pgoutput in one transaction, then the peak RSS of one
 ``bench/results/report.md``. ``PGPOLL_BENCH_BASELINE=DIR`` (another pgpoll
 checkout) adds that tree's figures on the same backlogs. ``PGPOLL_WRITER=spark`` measures
 Spark's Parquet writer (the fallback path) instead of the task's pyarrow one.
+``bench_stream.py`` sets a Spark stream's availableNow drain
+(``spark.readStream.format("pgpoll")``) beside ``pgpoll ingest`` with every
+batch a Spark job (goal <= 1.5x, each net of its empty run).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ def main() -> int:
         [sys.executable, str(HERE / "bench_snapshot.py"), "--rows", os.environ.get("PGPOLL_BENCH_SNAPSHOT_ROWS", "2000000"),
          "--repeat", repeat],
         [sys.executable, str(HERE / "bench_delta.py"), "--rows", os.environ.get("PGPOLL_BENCH_DELTA_ROWS", "2000000"), "--small"],
+        [sys.executable, str(HERE / "bench_iceberg.py"), "--rows", os.environ.get("PGPOLL_BENCH_DELTA_ROWS", "2000000")],
+        [sys.executable, str(HERE / "bench_stream.py"), "--changes", changes, "--repeat", repeat],
     ]
     status = 0
     for cmd in runs:

@@ -123,6 +123,17 @@ class SlotInvalidatedError(SourceError):
     """The slot lost required WAL (``wal_status = lost``) and must be recreated."""
 
 
+class SlotMovedError(SourceError):
+    """The slot was advanced past the position a reader still needs (a Spark stream's batch start).
+
+    Someone else consumed the slot (another query, ``pgpoll ingest``, an
+    administrator's ``pg_replication_slot_advance``), or the checkpoint the
+    query restarted from is older than the one the slot was advanced for (a
+    lost or restored checkpoint). The changes in between are gone from the
+    slot; reading on would skip them silently.
+    """
+
+
 class SlotExistsError(SourceError):
     """A slot of that name already exists."""
 

@@ -9,10 +9,14 @@ only in the CLI; no import cycle. Nothing in Python enforces that, so this test 
   libraries (pyspark, py4j, drivers, click, tenacity); pyarrow and the standard library are fine;
 * database drivers and SQLAlchemy only in ``pgpoll/source/`` and ``pgpoll/testing/``;
 * click only in ``pgpoll/cli/``;
-* no cycle among pgpoll's modules. Imports inside functions count (they still tie the modules
-  together; they only hide the cycle until one runs); imports under ``if TYPE_CHECKING:`` do not,
-  as they never run. The other rules count every import, ``TYPE_CHECKING`` ones included: a type
-  named from a layer is still a dependency on it.
+* Airflow only in ``pgpoll/airflow/``, which imports nothing but Airflow, the standard library and its
+  own package, and so does the package root ``pgpoll/__init__.py`` that loads it: pgpoll is installed in
+  Airflow's environment without its dependencies, for the DAG file's operators;
+* no cycle among pgpoll's modules. Every import counts: those inside functions (they still tie the
+  modules together; they only hide the cycle until one runs) and those under ``if TYPE_CHECKING:``
+  (they never run, but the two modules still cannot be understood, moved or tested one without the
+  other; a type both need goes to a module both import, e.g. a ``Protocol`` of what one needs of the
+  other). The other rules count every import too: a type named from a layer is still a dependency on it.
 
 Every rule is also run on a small synthetic tree, so a checker that can no longer fail is noticed.
 """
@@ -20,6 +24,7 @@ Every rule is also run on a small synthetic tree, so a checker that can no longe
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +44,9 @@ PURE_FORBIDDEN = (
 DRIVERS = ("psycopg2", "psycopg", "psycopg_pool", "adbc_driver_postgresql", "adbc_driver_manager", "sqlalchemy")
 DRIVER_PACKAGES = ("pgpoll.source", "pgpoll.testing")
 CLICK_PACKAGES = ("pgpoll.cli",)
+# Imported in Airflow's environment, where pgpoll is installed without its dependencies: the package and the root.
+AIRFLOW_PACKAGE = "pgpoll.airflow"
+AIRFLOW_MAY_IMPORT = ("airflow", "pgpoll.airflow")
 
 
 @dataclass(frozen=True)
@@ -133,6 +141,11 @@ def _layer_problem(imp: Import) -> str | None:
         return f"it is a database library; only {' and '.join(DRIVER_PACKAGES)} may import one"
     if top == "click" and not _within(imp.importer, CLICK_PACKAGES):
         return "only pgpoll.cli may import click"
+    if imp.importer == "pgpoll" or _within(imp.importer, (AIRFLOW_PACKAGE,)):
+        if top not in sys.stdlib_module_names and not _within(imp.target, AIRFLOW_MAY_IMPORT):
+            return "pgpoll.airflow (and the package root) may import only Airflow, the standard library and itself"
+    elif top == "airflow":
+        return "only pgpoll.airflow may import airflow"
     return None
 
 
@@ -152,11 +165,11 @@ def _nearest_module(target: str, modules: set[str]) -> str | None:
 
 
 def cycles(imports: list[Import], modules: set[str]) -> list[list[Import]]:
-    """Import cycles among ``modules`` (TYPE_CHECKING imports left out), one shortest cycle per tangle."""
+    """Import cycles among ``modules`` (``TYPE_CHECKING`` imports included), one shortest cycle per tangle."""
     edges: dict[str, dict[str, Import]] = {m: {} for m in modules}
     for imp in imports:
         target = _nearest_module(imp.target, modules)
-        if not imp.type_checking and target is not None and imp.importer in modules:
+        if target is not None and imp.importer in modules:
             edges[imp.importer].setdefault(target, imp)
 
     # Tarjan's strongly connected components, iteratively (no recursion limit on a big tree).
@@ -228,7 +241,8 @@ def cycle_violations(root: Path) -> list[str]:
     imports = all_imports(root)
     return [
         "import cycle: " + " -> ".join(imp.importer for imp in cycle) + f" -> {cycle[0].importer} ("
-        + ", ".join(f"{imp.where()} imports {imp.target}" for imp in cycle) + ")"
+        + ", ".join(f"{imp.where()} imports {imp.target}" + (" under TYPE_CHECKING" if imp.type_checking else "")
+                    for imp in cycle) + ")"
         for cycle in cycles(imports, set(modules))
     ]
 
@@ -247,7 +261,7 @@ def test_pgpoll_keeps_its_layering() -> None:
 
 def test_the_checker_sees_pgpoll() -> None:
     modules = module_names(ROOT)
-    assert {"pgpoll.decode.wire", "pgpoll.errors", "pgpoll.cli"} <= set(modules)
+    assert {"pgpoll.decode.wire", "pgpoll.errors", "pgpoll.cli", "pgpoll.airflow.operators"} <= set(modules)
     assert any(imp.target == "pgpoll.errors" for imp in all_imports(ROOT))
 
 
@@ -274,8 +288,13 @@ def test_a_clean_tree_passes(tmp_path: Path) -> None:
         "pgpoll/decode/text.py": "from . import wire\nfrom .wire import Reader\n",
         "pgpoll/source/conn.py": "import psycopg2\nfrom pgpoll.decode import wire\n",
         "pgpoll/cli/main.py": "import click\nfrom pgpoll.source import conn\n",
-        "pgpoll/sink/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pgpoll.sink import b\n",
-        "pgpoll/sink/b.py": "from pgpoll.sink import a\n",
+        # a type both need, in a module both import: no cycle
+        "pgpoll/sink/host.py": "from typing import Protocol\nclass Host(Protocol):\n    name: str\n",
+        "pgpoll/sink/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pgpoll.sink.host import Host\n",
+        "pgpoll/sink/b.py": "from pgpoll.sink import a\nfrom pgpoll.sink.host import Host\n",
+        "pgpoll/airflow/__init__.py": '"""Operators."""\n',
+        "pgpoll/airflow/ops.py": "import json\nfrom airflow.sdk import DAG\nfrom pgpoll.airflow import hooks\n",
+        "pgpoll/airflow/hooks.py": "from __future__ import annotations\nfrom typing import Any\n",
     })
     assert violations(root) == []
 
@@ -294,6 +313,10 @@ def test_a_clean_tree_passes(tmp_path: Path) -> None:
     ("pgpoll/reader.py", "import adbc_driver_manager\n", "adbc_driver_manager; it is a database library"),
     ("pgpoll/sink/x.py", "import click\n", "only pgpoll.cli may import click"),
     ("pgpoll/source/x.py", "class C:\n    def f(self):\n        from click import echo\n", "only pgpoll.cli may"),
+    ("pgpoll/sink/x.py", "from airflow.sdk import DAG\n", "only pgpoll.airflow may import airflow"),
+    ("pgpoll/airflow/x.py", "from pgpoll.sink import writer\n", "pgpoll.airflow (and the package root) may import only"),
+    ("pgpoll/airflow/x.py", "def f():\n    import pyarrow\n", "pgpoll.airflow (and the package root) may import only"),
+    ("pgpoll/__init__.py", "from pgpoll.source import conn\n", "pgpoll.airflow (and the package root) may import only"),
 ])
 def test_each_layer_rule_can_fail(tmp_path: Path, module: str, text: str, expected: str) -> None:
     root = _tree(tmp_path, {"pgpoll/sink/writer.py": "", "pgpoll/source/conn.py": "", module: text})
@@ -324,3 +347,33 @@ def test_a_cycle_through_relative_imports_and_packages_fails(tmp_path: Path) -> 
     assert len(problems) == 2, problems
     assert any("pgpoll.ingest.b -> pgpoll.sink -> pgpoll.sink.a -> pgpoll.ingest.b" in p for p in problems)
     assert any("pgpoll.self -> pgpoll.self" in p for p in problems)
+
+
+def test_a_cycle_fails_even_when_one_side_imports_only_under_type_checking(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "pgpoll/materialize/run.py": "from pgpoll.materialize.engine import compute\nclass Runner: ...\n",
+        "pgpoll/materialize/engine.py": (
+            "from __future__ import annotations\n"
+            "import typing\n"
+            "if typing.TYPE_CHECKING:\n"
+            "    from pgpoll.materialize.run import Runner\n"
+            "def compute(r: Runner) -> None: ...\n"
+        ),
+    })
+    problems = violations(root)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("import cycle: pgpoll.materialize.engine -> pgpoll.materialize.run -> "), problems
+    assert "engine.py:4 imports pgpoll.materialize.run under TYPE_CHECKING" in problems[0]
+
+
+def test_the_cycle_rule_counts_type_checking_edges_of_the_graph() -> None:
+    def edge(importer: str, target: str, type_checking: bool) -> Import:
+        return Import(importer, target, Path(importer.replace(".", "/") + ".py"), 1, type_checking)
+
+    modules = {"pgpoll.a", "pgpoll.b", "pgpoll.c"}
+    runtime_only = [edge("pgpoll.a", "pgpoll.b", False), edge("pgpoll.b", "pgpoll.c", False)]
+    assert cycles(runtime_only, modules) == []
+    [cycle] = cycles([*runtime_only, edge("pgpoll.c", "pgpoll.a", True)], modules)
+    assert [(imp.importer, imp.target, imp.type_checking) for imp in cycle] == [
+        ("pgpoll.a", "pgpoll.b", False), ("pgpoll.b", "pgpoll.c", False), ("pgpoll.c", "pgpoll.a", True),
+    ]

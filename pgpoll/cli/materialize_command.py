@@ -14,11 +14,12 @@ from pgpoll.cli.boundary import report_error
 from pgpoll.cli.options import csv_values
 from pgpoll.materialize.delta_state import DeltaMaterializer
 from pgpoll.materialize.driver_run import requested_engine
+from pgpoll.materialize.iceberg_state import IcebergMaterializer
 from pgpoll.materialize.run import MaterializeOptions, Materializer, TableState, run_materialize
 from pgpoll.spark.session import debug_requested
 from pgpoll.stopping import StopRequest
 
-FORMATS: dict[str, type[Materializer]] = {"parquet": Materializer, "delta": DeltaMaterializer}
+FORMATS: dict[str, type[Materializer]] = {"parquet": Materializer, "delta": DeltaMaterializer, "iceberg": IcebergMaterializer}
 
 
 def _cancel_spark_jobs() -> None:
@@ -47,15 +48,23 @@ def summary_json(status: str, exit_code: int, states: list[TableState], seconds:
 @click.option("--to", "dest", default=None, metavar="DEST", help="Where the state goes (default OUTPUT/state).")
 @click.option("--full", is_flag=True, default=False, help="Rebuild from every batch instead of the previous state.")
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="parquet", show_default=True,
-              help="parquet: a directory of Parquet files per table; delta: a Delta Lake table per table.")
+              help="parquet: a directory of Parquet files per table; delta: a Delta Lake table per table; "
+                   "iceberg: an Iceberg table per table, in a catalog (--catalog).")
+@click.option("--catalog", default=None, metavar="NAME", envvar="PGPOLL_ICEBERG_CATALOG", show_envvar=True,
+              help="--format iceberg: the pyiceberg catalog NAME (.pyiceberg.yaml or PYICEBERG_CATALOG__NAME__*); "
+                   "default for a local DEST: a SQLite catalog in DEST/_catalog.db with DEST as the warehouse.")
 @click.option("--json", "as_json", is_flag=True, default=False,
               help="One JSON line per table, then a summary line (status, exit_code, tables, rows, seconds, format).")
 def command(output: str, tables: tuple[str, ...], exclude_tables: tuple[str, ...], dest: str | None, full: bool,
-            fmt: str, as_json: bool) -> None:
-    """Write the current state of each captured table under DEST/<schema>.<table>/ (Parquet or Delta Lake)."""
+            fmt: str, catalog: str | None, as_json: bool) -> None:
+    """Write the current state of each captured table under DEST/<schema>.<table>/ (Parquet or Delta Lake), or as
+    Iceberg tables in a catalog."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    opts = MaterializeOptions(output=output, tables=tables, exclude_tables=exclude_tables, to=dest, full=full)
+    if catalog and fmt != "iceberg":
+        raise click.UsageError("--catalog applies to --format iceberg only")
+    opts = MaterializeOptions(output=output, tables=tables, exclude_tables=exclude_tables, to=dest, full=full,
+                              catalog=catalog or None)
     started = time.monotonic()
     stop = StopRequest()
     restore = stopping.install(stop)

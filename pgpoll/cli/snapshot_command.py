@@ -35,7 +35,12 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
 @click.option("--row-filter", "row_filters", multiple=True, metavar="'SCHEMA.TABLE: (EXPR)'",
               help="test_decoding only: keep the rows ingest's --row-filter keeps (repeatable; ORed per table).")
 @click.option("--chunk-rows", type=click.IntRange(min=1), default=100_000, show_default=True,
-              help="Rows per chunk (one Spark task reads one chunk at a time).")
+              help="Rows per chunk (about, for large tables: cut at their key's statistics; one task reads one chunk at a time).")
+@click.option("--chunk-seconds", type=click.FloatRange(min=0.1), default=2.0, show_default=True,
+              help="About how long one chunk's read (and snapshot) may last: wide rows make smaller chunks.")
+@click.option("--mode", type=click.Choice(["auto", "shared"]), default="auto", show_default=True,
+              help="auto: one short snapshot per chunk wherever materialize can place keys; shared: every table "
+                   "under one exported snapshot (holds back vacuum for the table's whole read).")
 @click.option("--parallelism", type=click.IntRange(min=1), default=None,
               help="Chunks read at once, each with its own connection [default: Spark's default parallelism, at most 8].")
 @click.option("--lock-timeout", "lock_timeout_s", default="5s", show_default=True, callback=_seconds,
@@ -48,7 +53,8 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
 @click.option("--json", "as_json", is_flag=True, help="No progress line on a terminal (the summary is JSON anyway).")
 @dsn_option
 def command(slot: str, output: str, publications: tuple[str, ...], tables: tuple[str, ...],
-            exclude_tables: tuple[str, ...], row_filters: tuple[str, ...], chunk_rows: int, parallelism: int | None,
+            exclude_tables: tuple[str, ...], row_filters: tuple[str, ...], chunk_rows: int, chunk_seconds: float,
+            mode: str, parallelism: int | None,
             lock_timeout_s: float, wait_timeout_s: float, shared_snapshot_timeout_s: float, as_json: bool,
             dsn: str | None) -> None:
     """Read the current rows of the captured tables into OUTPUT/snapshots/<id>/ (the typed tables' form).
@@ -60,7 +66,8 @@ def command(slot: str, output: str, publications: tuple[str, ...], tables: tuple
     logging.getLogger("py4j").setLevel(logging.WARNING)
     opts = SnapshotOptions(
         slot=slot, output=output, publications=publications, tables=tables, exclude_tables=exclude_tables,
-        row_filters=row_filters, chunk_rows=chunk_rows, parallelism=parallelism, lock_timeout_s=lock_timeout_s,
+        row_filters=row_filters, chunk_rows=chunk_rows, chunk_seconds=chunk_seconds, mode=mode,
+        parallelism=parallelism, lock_timeout_s=lock_timeout_s,
         wait_timeout_s=wait_timeout_s, shared_snapshot_timeout_s=shared_snapshot_timeout_s, dsn=dsn,
     )
     progress = Progress()

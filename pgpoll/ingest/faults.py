@@ -3,7 +3,9 @@
 Points, in the order a batch passes them: ``after-peek`` (the task has the
 first peeked row), ``mid-write`` (the task has handed the first Arrow batch to
 Spark's writer), ``after-write`` (the batch is staged), ``after-commit-log``
-(published and recorded, slot not yet advanced), ``after-advance``. A fault in
+(published and recorded, slot not yet advanced), ``after-advance``; and for
+``materialize --format iceberg``, ``materialize-before-commit`` (data files
+written, catalog not yet committed) and ``materialize-after-commit``. A fault in
 the task kills the Spark worker; the driver then kills itself too, so the
 whole run dies as a real crash would. Exit status 137, like SIGKILL.
 """
@@ -14,6 +16,7 @@ import os
 import sys
 
 POINTS = ("after-peek", "mid-write", "after-write", "after-commit-log", "after-advance")
+MATERIALIZE_POINTS = ("materialize-before-commit", "materialize-after-commit")
 TASK_POINTS = frozenset({"after-peek", "mid-write"})
 FAULT_EXIT = 137
 
@@ -21,7 +24,7 @@ FAULT_EXIT = 137
 def configured() -> str | None:
     """The fault point set in the environment (None when unset)."""
     value = os.environ.get("PGPOLL_FAULT") or None
-    return value if value in POINTS else None
+    return value if value in POINTS or value in MATERIALIZE_POINTS else None
 
 
 def crash_if(point: str, configured_point: str | None = None) -> None:

@@ -132,7 +132,8 @@ def peek_chunks(
 
     An ADBC peek that fails before its first row is read again with psycopg2
     (:class:`~pgpoll.source.arrow_peek.FetchUnavailableError`); ``on_fallback``
-    hears why.
+    hears why. ``upto_lsn`` (a batch's WAL budget, a Spark stream's batch end)
+    stops the decoding after the WAL record that ends there.
     """
     from pgpoll.lsn import Lsn
     from pgpoll.source.arrow_peek import ADBC, FetchUnavailableError, peek_arrow

@@ -50,7 +50,9 @@ class BatchSpec:
     options: tuple[str, ...]
     upto_nchanges: int | None
     high_water_mark: int | None
-    upto_lsn: int | None = None  # the batch's WAL budget ends here (pgpoll.ingest.batch_bounds)
+    #: the peek's upto_lsn: decode no further than the WAL record ending there (the batch's WAL budget,
+    #: pgpoll.ingest.batch_bounds; a Spark stream's batch end)
+    upto_lsn: int | None = None
     tables: TablePatterns = field(default_factory=TablePatterns)
     proto_version: int = 1
     rows_per_arrow_batch: int = 65536

@@ -158,7 +158,7 @@ class DeltaMaterializer(Materializer):
         if self.opts.full or pinned.applied is None or not pinned.files or not isinstance(meta.get("schema_id"), str):
             return None  # a full rebuild, committed over the pinned version
         return {"position": str(Lsn(pinned.applied)), "rows": int(meta.get("rows", 0)), "schema_id": meta["schema_id"],
-                "snapshot_id": meta.get("snapshot_id")}
+                "snapshot_id": meta.get("snapshot_id"), "snapshot_rechecks_pending": meta.get("snapshot_rechecks_pending")}
 
     def _read_files(self, name: str, files: Sequence[str]) -> Any:
         paths = [f if "://" in f or f.startswith("/") else self.dest.path(name, f) for f in files]

@@ -28,7 +28,7 @@ import logging
 import os
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from pgpoll.errors import ConfigError
 from pgpoll.materialize.change_summary import ChangeSummary, identity_segments
+from pgpoll.materialize.driver_host import DriverHost
 from pgpoll.materialize.driver_state import DRIVER_BYTES, DRIVER_ROWS, decline, predates, replay, summarize_table
 from pgpoll.materialize.snapshot_merge import predates_text
 from pgpoll.materialize.state import ComputedState, StateColumn
@@ -44,9 +45,6 @@ from pgpoll.sink.filesystem import local_path
 from pgpoll.sink.output_fs import OutputFs
 from pgpoll.sink.parquet_writer import WRITE_OPTIONS
 from pgpoll.typed.mapping import arrow_type
-
-if TYPE_CHECKING:
-    from pgpoll.materialize.run import Materializer
 
 log = logging.getLogger("pgpoll.materialize")
 ENGINE_ENV = "PGPOLL_MATERIALIZE_ENGINE"
@@ -85,7 +83,7 @@ def arrow_of(fs: OutputFs | None) -> tuple[pafs.FileSystem, Any]:
     return fs.arrow(), fs.arrow_path
 
 
-def in_driver(m: Materializer, name: str, read: Sequence[CommitRecord], marker: dict[str, Any] | None,
+def in_driver(m: DriverHost, name: str, read: Sequence[CommitRecord], marker: dict[str, Any] | None,
               files: Sequence[tuple[str, int]]) -> bool:
     """Whether this table's run is computed in the driver (see the module docstring); ``files``: its new
     changes' files with their sizes."""
@@ -161,7 +159,7 @@ def sorted_on(table: pa.Table, key: Sequence[str]) -> pa.Table:
         return table
 
 
-def driver_state(m: Materializer, name: str, parsed: tuple[str, str], files: Sequence[tuple[str, int]],
+def driver_state(m: DriverHost, name: str, parsed: tuple[str, str], files: Sequence[tuple[str, int]],
                  marker: dict[str, Any] | None) -> ComputedState | None:
     """The table's new state computed in the driver, or None when the replay does not cover it (Spark does)."""
     qualified = f"{parsed[0]}.{parsed[1]}"

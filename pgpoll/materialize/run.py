@@ -7,17 +7,11 @@ commit-log position it reflects. The next run starts from that state and
 applies only newer batches; ``--full`` (or a missing or unreadable state)
 rebuilds from every batch, which gives the same result.
 
-The new state is written beside the old one (``DEST/<schema>.<table>.materializing-<seq>-<run>``:
-not a name starting with ``_``, which Spark would treat as hidden), published
-by creating the table's state record ``<seq>`` exclusively, and only then
-swapped in: the old directory is renamed aside and the new one renamed into
-place, so for that moment readers find no state; a crash after the record is
-finished by the next run (:mod:`pgpoll.materialize.state_log`). One run at a
-time per destination: a second one exits 3 at once
-(:mod:`pgpoll.materialize.dest_lease`); a run that outlived its lease and
-lost the record's compare-and-set to another exits 5, having changed nothing.
-``--format delta`` writes each table as a Delta table instead
-(:mod:`pgpoll.materialize.delta_state`).
+The new state is written beside the old one and swapped in after its state
+record is created exclusively (:mod:`pgpoll.materialize.parquet_state`). One
+run at a time per destination: a second one exits 3 at once
+(:mod:`pgpoll.materialize.dest_lease`). ``--format delta`` writes each table
+as a Delta table instead (:mod:`pgpoll.materialize.delta_state`).
 
 A table with a complete snapshot (``pgpoll snapshot``) is materialized on top
 of the latest one (:mod:`pgpoll.materialize.snapshot_merge`): the marker
@@ -36,48 +30,42 @@ one-by-one run gives.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from pgpoll.errors import ConfigError, SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.materialize.change_summary import ChangeSummary, identity_segments, latest_schema, summarize
 from pgpoll.materialize.change_summary import replay_key as _replay_key
-from pgpoll.materialize.delta_table import footer_files
 from pgpoll.materialize.dest_lease import DestLease
-from pgpoll.materialize.driver_run import (
-    driver_state,
-    in_driver,
-    parquet_files,
-    read_parquet_files,
-    requested_engine,
-    small_files,
-    write_state_file,
-)
+from pgpoll.materialize.driver_run import driver_state, in_driver, requested_engine
+from pgpoll.materialize.parquet_state import ParquetState
+from pgpoll.materialize.run_types import MaterializeOptions as MaterializeOptions  # (imported from here too)
+from pgpoll.materialize.run_types import TableState as TableState
 from pgpoll.materialize.snapshot_input import SnapshotCatalog
 from pgpoll.materialize.snapshot_merge import (
     RESNAPSHOT_FIX,
     added_columns_warning,
     base_frame,
+    converged,
     predates_warning,
+    recheck_rows,
     resnapshot_command,
     select_records,
     snapshot_filter,
     snapshot_json,
 )
 from pgpoll.materialize.state import ComputedState, StateColumn, StateResult, materialize
-from pgpoll.materialize.state_log import SCRATCH, StateLog, StateRecord, scratch_name, stale_scratch
+from pgpoll.materialize.state_log import SCRATCH, stale_scratch
 from pgpoll.materialize.state_log import STATE_FILE as STATE_FILE  # (imported from here by delta_state)
 from pgpoll.materialize.table_pool import run_in_order
 from pgpoll.materialize.visibility import SnapshotFilter
 from pgpoll.sink import layout
 from pgpoll.sink.commit_log import CommitLog, CommitRecord
-from pgpoll.sink.filesystem import check_readable, check_writable, local_path, needs_spark, open_output
+from pgpoll.sink.filesystem import check_readable, check_writable, needs_spark, open_output
 from pgpoll.sink.typed_tables import SchemaStore, load_ledger
 from pgpoll.stopping import StopRequest, StopRequestedError
 from pgpoll.table_patterns import TablePatterns
@@ -89,42 +77,6 @@ log = logging.getLogger("pgpoll.materialize")
 # names the state and its computation use beside the table's own columns (internal ones start with __pgpoll_)
 _STATE_META = {"_untyped", "_commit_lsn", "_commit_ts", "_seq"}
 _CASE_SENSITIVE = "spark.sql.caseSensitive"
-
-
-@dataclass(frozen=True)
-class MaterializeOptions:
-    """The options of ``pgpoll materialize`` and ``jobs/materialize.py``."""
-
-    output: str
-    tables: tuple[str, ...] = ()
-    exclude_tables: tuple[str, ...] = ()
-    to: str | None = None
-    full: bool = False
-
-
-@dataclass
-class TableState:
-    """What a run did for one table (printed by the CLI)."""
-
-    table: str
-    path: str
-    rows: int
-    position: str | None
-    mode: str  # full, incremental or unchanged
-    batches: int = 0
-    warnings: list[str] = field(default_factory=list)
-    format: str = "parquet"
-    version: int | None = None  # the Delta table's version (--format delta)
-    snapshot: dict[str, Any] | None = None  # {"id", "complete", "converged"} of the snapshot the state is built on
-    engine: str | None = None  # what computed the state: "driver" or "spark" (None: nothing to compute)
-
-    def to_json(self) -> str:
-        """One line of JSON (``version`` only for Delta, ``engine`` only when a state was computed)."""
-        out = asdict(self)
-        for optional in ("version", "engine"):
-            if out[optional] is None:
-                del out[optional]
-        return json.dumps(out, sort_keys=True)
 
 
 def _state_columns(described: TableSchema, ledger: Any) -> list[StateColumn]:
@@ -161,14 +113,16 @@ def _align(previous: Any, columns: list[StateColumn]) -> Any:
     return previous.select(*picked, "_untyped", "_commit_lsn", "_commit_ts")
 
 
-class Materializer:
+class Materializer(ParquetState):
     """Materializes the typed tables of one output path.
 
     The output and DEST are opened without Spark when they are local paths or
     object stores (pgpoll's own clients); Spark starts only when a table's
     state needs a Spark job (:attr:`spark`), so a run the driver engine
     computes whole starts no JVM. Other URIs (``hdfs:``...) are Hadoop's:
-    Spark starts first.
+    Spark starts first. How the state is kept (read back, written, published)
+    is :class:`~pgpoll.materialize.parquet_state.ParquetState`'s, which the
+    Delta and Iceberg materializers override.
     """
 
     def __init__(self, spark: Any, opts: MaterializeOptions, stop: StopRequest | None = None) -> None:
@@ -219,9 +173,6 @@ class Materializer:
         """Whether this run has used Spark."""
         return self._case_saved is not None
 
-    publishes_by_rename = True
-    """The Parquet state is swapped in with directory renames, which an object store does not have."""
-
     def run(self) -> list[TableState]:
         """Materialize every selected table; returns what was done for each."""
         if self.publishes_by_rename and self.dest.direct_writes:
@@ -263,30 +214,17 @@ class Materializer:
             raise StopRequestedError()  # between tables: every state written so far is whole
         return self._table(name, parsed, [r for r in records if name in r.tables])
 
-    def _read_marker(self, name: str) -> dict[str, Any] | None:
-        path = self.dest.path(name, STATE_FILE)
-        if self.dest.exists(self.dest.path(name, "_delta_log")):
-            raise ConfigError(f"{self.dest.path(name)} is a Delta table (written with --format delta)",
-                              "materialize with --format delta, or into another --to DEST")
-        self.pins[name] = StateLog(self.dest, name).pin()  # finishes a crashed run's publish first
-        if self.opts.full or not self.dest.exists(path):
-            return None
-        try:
-            marker = json.loads(self.dest.read_text(path))
-            Lsn.parse(marker["position"])
-            return marker if isinstance(marker, dict) else None
-        except (ValueError, KeyError, TypeError):
-            log.warning("state of %s is unreadable; rebuilding it", name)
-            return None
-
     def _table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
         qualified = f"{parsed[0]}.{parsed[1]}"
         target = self.dest.path(name)
         snap = self.snapshots.latest(*parsed)
         marker = self._read_marker(name)
-        if snap is not None and (marker is None or marker.get("snapshot_id") != snap.snapshot_id):
+        if snap is not None and (marker is None or marker.get("snapshot_id") != snap.snapshot_id
+                                 or marker.get("snapshot_rechecks_pending")):
             log.info("%s: building on snapshot %s", qualified, snap.snapshot_id)
-            marker = None  # a newer snapshot: rebuild the table from it and the change log
+            # a newer snapshot, or recheck rows not applied yet (the change log had not converged): rebuild the
+            # table from the snapshot and the change log
+            marker = None
             self.rebuilt.add(name)
         snapshot_info = snapshot_json(snap, self.high_water)
         position = Lsn.parse(marker["position"]) if marker else None
@@ -311,7 +249,13 @@ class Materializer:
         if computed is None:
             computed = self._spark_state(name, parsed, snap, rule, partitions, marker, [f for f, _s in files])
         warnings = computed.warnings
-        if computed.unresolved_toast:
+        if computed.unresolved_toast and snap is not None and snap.rechecks and converged(snap, self.high_water):
+            warnings.append(
+                f"{qualified}: {computed.unresolved_toast} row(s) lack an unchanged TOAST value (left null): they "
+                f"changed key twice while snapshot {snap.snapshot_id} read the table, the second time during its "
+                f"recheck; fix: run {resnapshot_command(qualified)}"
+            )
+        elif computed.unresolved_toast:
             warnings.append(
                 f"{qualified}: {computed.unresolved_toast} row(s) keep an unchanged TOAST value that predates the "
                 f"captured history (left null); fix: run {resnapshot_command(qualified)}"
@@ -322,6 +266,8 @@ class Materializer:
         meta: dict[str, Any] = {"position": end, "schema_id": computed.described.schema_id, "table": qualified}
         if snap is not None:
             meta["snapshot_id"] = snap.snapshot_id
+            if snap.rechecks and not converged(snap, self.high_water):
+                meta["snapshot_rechecks_pending"] = True  # the next run rebuilds from the snapshot
         if computed.table is not None:
             rows = self._write_arrow(name, computed.table, meta, computed.key)
         else:
@@ -376,11 +322,14 @@ class Materializer:
         summary = self.summaries[name] = summarize(events) if events is not None else ChangeSummary()
         described, columns, key, warnings = self.describe(parsed, summary, marker, floor, shape)
         renamed = {c.name: s.name for c, s in zip(described.columns, columns, strict=True)}
+        rechecks = None
         if snap is not None:
             rule = snapshot_filter(snap, described, columns)
             previous = (_align(self._read_previous(name, events, key, columns), columns) if marker
                         else base_frame(self.spark, snap, described, columns,
                                         lambda files: self.read_parquet(self.fs, files, files=True)))
+            rechecks = None if marker else recheck_rows(self.spark, snap, described, columns, self.high_water,
+                                                        lambda files: self.read_parquet(self.fs, files, files=True))
         else:
             previous = _align(self._read_previous(name, events, key, columns), columns) if marker else None
             if marker is None and key and summary.touches:  # (only UPDATEs and DELETEs can touch such rows)
@@ -397,12 +346,15 @@ class Materializer:
                 stretch = _from(events, start) if i else events
                 if i + 1 < len(segments):
                     stretch = stretch.where(~_from_condition(segments[i + 1][0]))
-                part = materialize(stretch, previous, columns, [renamed.get(k, k) for k in _replay_key(shape_i)], rule)
-                previous, unresolved = part.frame.localCheckpoint(), unresolved + part.unresolved_toast
+                part = materialize(stretch, previous, columns, [renamed.get(k, k) for k in _replay_key(shape_i)], rule,
+                                   rechecks=rechecks)
+                previous = part.frame.localCheckpoint()
+                unresolved += part.unresolved_rows if part.unresolved_rows is not None else part.unresolved_toast
             result = StateResult(previous, unresolved)
         else:
-            result = materialize(events, previous, columns, key, rule, summary)
-        return ComputedState(described, key, warnings, result.unresolved_toast, frame=result.frame)
+            result = materialize(events, previous, columns, key, rule, summary, rechecks)
+        unresolved = result.unresolved_rows if result.unresolved_rows is not None else result.unresolved_toast
+        return ComputedState(described, key, warnings, unresolved, frame=result.frame)
 
     def describe(self, parsed: tuple[str, str], summary: ChangeSummary, marker: dict[str, Any] | None,
                  floor: tuple[tuple[int, int], TableSchema] | None, shape: TableSchema | None,
@@ -428,60 +380,6 @@ class Materializer:
         columns = _state_columns(described, load_ledger(self.fs, *parsed))
         renamed = {c.name: s.name for c, s in zip(described.columns, columns, strict=True)}
         return described, columns, [renamed.get(k, k) for k in _replay_key(described)], warnings
-
-    def _read_previous(self, name: str, events: Any = None, key: Sequence[str] = (),
-                       columns: Sequence[StateColumn] = ()) -> Any:
-        """The previous state of one table as a Spark frame (``events``, ``key``, ``columns``: what this run
-        applies, for a subclass that reads only the part of the state they touch)."""
-        return self.read_parquet(self.dest, [self.dest.path(name)])
-
-    def _write(self, name: str, frame: Any, marker: dict[str, Any], key: list[str]) -> int:
-        """Write and publish the new state of one table (``key``: its identity columns); returns its rows.
-
-        Fenced (:mod:`pgpoll.materialize.state_log`): record pinned+1 is
-        created exclusively before the directory is swapped; a run that loses
-        removes its directory and raises SinkError.
-        """
-
-        def files(scratch: str) -> int:
-            frame.write.parquet(scratch)
-            local = local_path(scratch)  # a local state counts its rows from the footers, not with a Spark job
-            return (sum(f.records for f in footer_files(local, "", ())) if local is not None
-                    else int(self.spark.read.parquet(scratch).count()))
-
-        return self._publish(name, marker, files)
-
-    def _write_arrow(self, name: str, table: Any, marker: dict[str, Any], key: list[str]) -> int:
-        """:meth:`_write` for a state computed in the driver (a local DEST): one Parquet file written by pyarrow."""
-        return self._publish(name, marker, lambda scratch: write_state_file(table, scratch))
-
-    def _publish(self, name: str, marker: dict[str, Any], files: Callable[[str], int]) -> int:
-        """Write the state's files into a scratch directory with ``files`` (returns the rows), then publish it."""
-        states = StateLog(self.dest, name)
-        run = uuid.uuid4().hex[:8]
-        seq = self.pins.get(name, 0) + 1
-        scratch_dir = scratch_name(name, seq, run)
-        scratch = self.dest.path(scratch_dir)
-        try:
-            rows = files(scratch)
-        except Exception:
-            self.dest.delete(scratch)
-            states.check_pin(seq - 1)  # another run's swap removed what this one read: report that
-            raise
-        state = {**marker, "rows": rows, "seq": seq, "run": run}
-        self.dest.write_text(f"{scratch}/{STATE_FILE}", json.dumps(state, sort_keys=True))
-        states.commit(StateRecord(seq, name, scratch_dir, run, state))
-        self.pins[name] = seq
-        return rows
-
-    def driver_previous(self, name: str, events: Any, key: list[str], columns: list[StateColumn],
-                        schema: Any) -> tuple[Any, str | None]:
-        """The previous state of one table as an Arrow table read in the driver (a local DEST), or why it is
-        left to Spark (too large to hold in the driver)."""
-        files = parquet_files(local_path(self.dest.path(name)) or "")
-        if self.engine != "driver" and not small_files(files):
-            return None, "the previous state is large"
-        return read_parquet_files(files), None
 
 
 def run_materialize(

@@ -66,6 +66,8 @@ class TableSnapshot:
     chunks: tuple[SnapshotChunk, ...]
     plan_lsn: int
     convergence_lsn: int | None
+    #: the pieces of its recheck that read rows (:mod:`pgpoll.snapshot.recheck`): value sources for materialize
+    rechecks: tuple[SnapshotChunk, ...] = ()
 
     @property
     def qualified(self) -> str:
@@ -144,6 +146,12 @@ def _table(store: SnapshotStore, plan: dict[str, Any], done: dict[str, Any], t: 
         files = tuple(store.data(directory, f) for f in manifest.get("files", ()))
         chunks.append(SnapshotChunk(n, _bound(c.get("lo"), kinds, where), _bound(c.get("hi"), kinds, where),
                                     Snapshot.from_json(manifest["snapshot"]), files))
+    rechecks: list[SnapshotChunk] = []
+    for c in t.get("rechecks") or ():
+        manifest = manifests.get(int(c["n"]))  # (none: the recheck was not needed, pgpoll.snapshot.recheck.needed)
+        if manifest is not None and int(manifest.get("rows", 0)):
+            files = tuple(store.data(directory, f) for f in manifest.get("files", ()))
+            rechecks.append(SnapshotChunk(int(c["n"]), None, None, Snapshot.from_json(manifest["snapshot"]), files))
     columns = tuple(SnapshotColumn(str(c["name"]), str(c["physical"]), PgType.from_json(c["type"]))
                     for c in t.get("columns", ()))
     convergence = done.get("convergence_lsn_int")
@@ -151,5 +159,5 @@ def _table(store: SnapshotStore, plan: dict[str, Any], done: dict[str, Any], t: 
         snapshot_id=sid, schema=str(t["schema"]), table=str(t["table"]), mode=str(t.get("mode", SHARED)),
         key=tuple(str(k) for k in t.get("key", ())), identity=t.get("identity"), columns=columns,
         chunks=tuple(sorted(chunks, key=lambda ch: ch.n)), plan_lsn=int(plan.get("plan_lsn_int", 0)),
-        convergence_lsn=int(convergence) if convergence is not None else None,
+        convergence_lsn=int(convergence) if convergence is not None else None, rechecks=tuple(rechecks),
     )

@@ -15,6 +15,9 @@ snapshot already holds; this module prepares what that needs from the run:
   an error (exit 5) whose fix is a new snapshot;
 * :func:`snapshot_filter`: the visibility rule with the chunks' key ranges
   in state column names and types;
+* :func:`recheck_rows`: the rows the snapshot's recheck read again, where
+  unchanged TOAST values no chunk holds are found
+  (:mod:`pgpoll.materialize.recheck_fill`), once the change log is converged;
 * :func:`snapshot_json` (``materialize --json``); :func:`predates_warning`
   (a table without a snapshot whose changes show it held rows before the slot)
   and :func:`added_columns_warning` (columns added after rows were read, whose
@@ -28,6 +31,7 @@ from typing import Any
 
 from pgpoll.errors import SinkError
 from pgpoll.lsn import Lsn
+from pgpoll.materialize.recheck_fill import RecheckRows
 from pgpoll.materialize.snapshot_input import SHARED, TableSnapshot
 from pgpoll.materialize.state import StateColumn
 from pgpoll.materialize.visibility import ChunkRange, SnapshotFilter
@@ -90,9 +94,13 @@ def base_frame(spark: Any, snap: TableSnapshot, described: TableSchema, columns:
                read: Any = None) -> Any:
     """The snapshot's rows as a state frame (no commit position: older than every change); ``read(files)``
     reads Parquet files into a frame with schemas merged (default: Spark's reader)."""
+    return _rows(spark, snap.files, snap, described, columns, read)
+
+
+def _rows(spark: Any, files: Sequence[str], snap: TableSnapshot, described: TableSchema,
+          columns: Sequence[StateColumn], read: Any = None) -> Any:
     from pyspark.sql import functions as F
 
-    files = snap.files
     if not files:
         return spark.createDataFrame([], state_ddl(columns))
     rows = read(files) if read is not None else spark.read.option("mergeSchema", "true").parquet(*files)
@@ -109,12 +117,33 @@ def base_frame(spark: Any, snap: TableSnapshot, described: TableSchema, columns:
                        F.lit(None).cast("timestamp").alias("_commit_ts"))
 
 
+def recheck_rows(spark: Any, snap: TableSnapshot, described: TableSchema, columns: Sequence[StateColumn],
+                 high_water: Lsn | None, read: Any = None) -> RecheckRows | None:
+    """The snapshot's recheck rows (:mod:`pgpoll.materialize.recheck_fill`), once the change log has passed its
+    convergence LSN (every transaction a recheck saw is then in it); None when there are none or not yet.
+    ``read(files)``: as for :func:`base_frame`."""
+    from pyspark.sql import functions as F
+
+    if not snap.rechecks or not converged(snap, high_water):
+        return None
+    frame = None
+    for i, piece in enumerate(snap.rechecks):
+        part = _rows(spark, piece.files, snap, described, columns, read).withColumn("__pgpoll_r", F.lit(i))
+        frame = part if frame is None else frame.unionByName(part)
+    return RecheckRows(frame, tuple(p.snapshot for p in snap.rechecks))
+
+
+def converged(snap: TableSnapshot | None, high_water: Lsn | None) -> bool:
+    """Whether the change log has passed the snapshot's convergence LSN."""
+    return (snap is not None and high_water is not None and snap.convergence_lsn is not None
+            and int(high_water) >= snap.convergence_lsn)
+
+
 def snapshot_json(snap: TableSnapshot | None, high_water: Lsn | None) -> dict[str, Any] | None:
     """``"snapshot"`` of ``materialize --json``: converged once the change log passed the convergence LSN."""
     if snap is None:
         return None
-    converged = high_water is not None and snap.convergence_lsn is not None and int(high_water) >= snap.convergence_lsn
-    return {"id": snap.snapshot_id, "complete": True, "converged": converged}
+    return {"id": snap.snapshot_id, "complete": True, "converged": converged(snap, high_water)}
 
 
 def predates_warning(events: Any, key: Mapping[str, str], qualified: str) -> str | None:

@@ -31,7 +31,9 @@ On top of a snapshot (:mod:`pgpoll.materialize.visibility`), ``previous`` is
 the snapshot's rows (or a state built on it) and only changes invisible to
 the snapshot of their key's chunk are facts; a TRUNCATE empties only the
 chunks it is invisible to. Unchanged TOAST values are then filled from the
-snapshot's row, which is a fact like any other.
+snapshot's row, which is a fact like any other, and, where no chunk and no
+change holds them (a row moved between chunks while they were read), from
+the snapshot's recheck rows (:mod:`pgpoll.materialize.recheck_fill`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 
 from pgpoll.errors import SinkError
 from pgpoll.materialize.change_summary import ChangeSummary
+from pgpoll.materialize.recheck_fill import RecheckRows, fill_from_rechecks
 from pgpoll.materialize.visibility import Position, SnapshotFilter, position_struct
 from pgpoll.typed.mapping import PgType, spark_ddl
 from pgpoll.typed.rows import quote
@@ -71,10 +74,13 @@ class ComputedState:
 
 @dataclass
 class StateResult:
-    """The new state and what could not be resolved."""
+    """The new state and what could not be resolved: ``unresolved_toast`` counts the facts left without a value
+    (as the driver engine counts them); ``unresolved_rows``, computed where the snapshot's recheck rows were
+    used, the rows of the new state among them (a row that moved on from a fact without a value has its own)."""
 
     frame: Any
     unresolved_toast: int = 0
+    unresolved_rows: int | None = None
 
 
 def _value(frame_columns: set[str], column: StateColumn, prefix: str = "") -> Any:
@@ -103,6 +109,7 @@ def _frame_columns(frame: Any) -> set[str]:
 def materialize(
     events: Any | None, previous: Any | None, columns: Sequence[StateColumn], key: Sequence[str],
     snapshot: SnapshotFilter | None = None, summary: ChangeSummary | None = None,
+    rechecks: RecheckRows | None = None,
 ) -> StateResult:
     """The new state from ``previous`` (a state frame, or None) and ``events`` (typed changes, or None).
 
@@ -112,7 +119,9 @@ def materialize(
     (of their key's chunk) are applied (see the module docstring).
     ``summary`` (:func:`pgpoll.materialize.change_summary.summarize` of
     ``events``, without a snapshot) answers the last TRUNCATE and the
-    unchanged-TOAST columns without a Spark job of their own.
+    unchanged-TOAST columns without a Spark job of their own. ``rechecks``:
+    the snapshot's recheck rows, where unchanged TOAST values no chunk holds
+    are found (keyed tables).
     """
     from pyspark.sql import functions as F
 
@@ -153,7 +162,7 @@ def materialize(
     )
     if multiset:
         return StateResult(_multiset(events, previous, columns, row, old, untyped_main, old_untyped, placed))
-    return _keyed(events, previous, columns, list(key), row, old, untyped_main, have, placed, toasted)
+    return _keyed(events, previous, columns, list(key), row, old, untyped_main, have, placed, toasted, rechecks)
 
 
 def _xid(events: Any) -> Any:
@@ -167,11 +176,11 @@ def _place(facts: Any, placed: tuple[SnapshotFilter, list[Position | None]] | No
     from pyspark.sql import functions as F
 
     if placed is None:
-        return facts.drop("__pgpoll_x")
+        return facts
     snap, cutoffs = placed
     facts = facts.withColumn("__pgpoll_c", snap.chunk_of(field))
-    return facts.where(snap.keep(F.col("__pgpoll_c"), F.col("__pgpoll_x"), position_struct(), cutoffs)).drop(
-        "__pgpoll_c", "__pgpoll_x")
+    # (__pgpoll_x stays: the recheck rows' visibility needs it; the state's columns are selected by name)
+    return facts.where(snap.keep(F.col("__pgpoll_c"), F.col("__pgpoll_x"), position_struct(), cutoffs)).drop("__pgpoll_c")
 
 
 def _sortable(untyped: Any) -> Any:
@@ -217,7 +226,8 @@ def _multiset(events: Any, previous: Any | None, columns: Sequence[StateColumn],
 
 def _keyed(events: Any, previous: Any | None, columns: Sequence[StateColumn], key: list[str], row: list[Any],
            old: list[Any], untyped_main: Any, have: set[str],
-           placed: tuple[SnapshotFilter, list[Position | None]] | None, toasted: set[str] | None = None) -> StateResult:
+           placed: tuple[SnapshotFilter, list[Position | None]] | None, toasted: set[str] | None = None,
+           rechecks: RecheckRows | None = None) -> StateResult:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -277,14 +287,18 @@ def _keyed(events: Any, previous: Any | None, columns: Sequence[StateColumn], ke
     resolved = [n for n in names if n in toasted]
     unresolved = 0
     if resolved:
-        facts, unresolved = _resolve_toast(facts, resolved)
+        facts, unresolved = _resolve_toast(facts, resolved, rechecks=rechecks, key=key)
     order = Window.partitionBy("__pgpoll_k").orderBy(F.desc("_commit_lsn"), F.desc("_seq"), F.desc("__pgpoll_sub"))
     latest = facts.withColumn("__pgpoll_rank", F.row_number().over(order)).where(
         (F.col("__pgpoll_rank") == 1) & F.col("__pgpoll_alive"))
+    open_rows = None
+    if unresolved and rechecks is not None:  # what counts then is the rows of the new state left without a value
+        latest = latest.localCheckpoint()
+        open_rows = latest.where(F.col("__pgpoll_open")).count()
     return StateResult(
         latest.select(*[F.col(quote(n)) for n in names], F.col("__pgpoll_u").alias("_untyped"),
                       F.when(F.col("_commit_lsn") >= 0, F.col("_commit_lsn")).alias("_commit_lsn"), "_commit_ts"),
-        unresolved,
+        unresolved, open_rows,
     )
 
 
@@ -294,7 +308,8 @@ def _other_than(name: str) -> Any:
     return lambda k, v: k != F.lit(name)
 
 
-def _resolve_toast(facts: Any, toasted: list[str], rounds: int = 8) -> tuple[Any, int]:
+def _resolve_toast(facts: Any, toasted: list[str], rounds: int = 8, rechecks: RecheckRows | None = None,
+                   key: Sequence[str] = ()) -> tuple[Any, int]:
     """Fill unchanged TOAST values from the row's earlier value (see the module docstring)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -309,6 +324,8 @@ def _resolve_toast(facts: Any, toasted: list[str], rounds: int = 8) -> tuple[Any
         facts = facts.withColumn(flag, ~F.array_contains("__pgpoll_toast", n))
         raw = F.element_at(F.coalesce("__pgpoll_u", F.create_map().cast("map<string,string>")), F.lit(n))
         facts = facts.withColumn(f"{flag}_raw", raw).withColumn("__pgpoll_u", F.map_filter("__pgpoll_u", _other_than(n)))
+    if rechecks is not None:
+        facts = fill_from_rechecks(facts, rechecks, key, known)
     previous_unknown = unknown = -1
     for _ in range(rounds):
         for n, flag in known.items():
@@ -356,5 +373,8 @@ def _resolve_toast(facts: Any, toasted: list[str], rounds: int = 8) -> tuple[Any
             "__pgpoll_u",
             F.when(entry.isNotNull(), F.map_concat(F.coalesce("__pgpoll_u", F.create_map().cast("map<string,string>")), entry))
             .otherwise(F.col("__pgpoll_u")))
+    # a row whose value is still unknown (its count is the rows of the state that lack a value, see _keyed)
+    every = F.array_min(F.array(*[F.col(f) for f in known.values()]))
+    facts = facts.withColumn("__pgpoll_open", F.col("__pgpoll_alive") & ~every)
     facts = facts.drop(*known.values(), *[f"{f}_raw" for f in known.values()])
     return facts, max(unknown, 0)

@@ -116,26 +116,13 @@ class SnapshotFilter:
             out = F.when(cond, F.lit(n)).otherwise(out)
         return out
 
-    def _snapshot_of(self, chunk: Any) -> Any:
-        """The chunk's snapshot as ``struct<n: xmin, x: xmax, p: xip>`` (null outside every chunk): one array lookup."""
-        from pyspark.sql import functions as F
-
-        shots = F.array(*[
-            F.struct(F.lit(c.snapshot.xmin).cast("bigint").alias("n"), F.lit(c.snapshot.xmax).cast("bigint").alias("x"),
-                     F.array(*[F.lit(x) for x in c.snapshot.xip]).cast("array<bigint>").alias("p"))
-            for c in self.chunks
-        ])
-        index = F.lit(0) if self.shared else chunk
-        return F.when(index.between(0, len(self.chunks) - 1), F.element_at(shots, index + 1))
-
     def visible(self, chunk: Any, xid: Any) -> Any:
         """Whether transaction ``xid`` is visible in chunk ``chunk``'s snapshot (null outside every chunk)."""
         from pyspark.sql import functions as F
 
         if not self.chunks:
             return F.lit(False)
-        s = self._snapshot_of(chunk)
-        return (xid < s["n"]) | ((xid < s["x"]) & ~F.array_contains(s["p"], xid))
+        return visible_in([c.snapshot for c in self.chunks], F.lit(0) if self.shared else chunk, xid)
 
     def keep(self, chunk: Any, xid: Any, position: Any, cutoffs: Sequence[Position | None]) -> Any:
         """Whether a fact survives: base facts (``xid`` null) and invisible changes, after their chunk's cutoff."""
@@ -152,6 +139,20 @@ class SnapshotFilter:
             cut = F.when(chunk.between(0, len(cutoffs) - 1), F.element_at(cuts, chunk + 1))
             kept = kept & (cut.isNull() | (position > cut))
         return kept
+
+
+def visible_in(snapshots: Sequence[Snapshot], index: Any, xid: Any) -> Any:
+    """Whether transaction ``xid`` is visible in ``snapshots[index]`` (null for an index outside them): the
+    snapshots as an array of ``struct<n: xmin, x: xmax, p: xip>``, one lookup per row."""
+    from pyspark.sql import functions as F
+
+    shots = F.array(*[
+        F.struct(F.lit(s.xmin).cast("bigint").alias("n"), F.lit(s.xmax).cast("bigint").alias("x"),
+                 F.array(*[F.lit(x) for x in s.xip]).cast("array<bigint>").alias("p"))
+        for s in snapshots
+    ])
+    s = F.when(index.between(0, len(snapshots) - 1), F.element_at(shots, index + 1))
+    return (xid < s["n"]) | ((xid < s["x"]) & ~F.array_contains(s["p"], xid))
 
 
 def position_struct() -> Any:

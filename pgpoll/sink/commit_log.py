@@ -5,29 +5,11 @@ the largest ``end`` of any record — is the LSN up to which the output holds
 every change; the slot is re-advanced to it at the start of each run, and no
 change with a ``commit_lsn`` at or below it is ever written again.
 
-Layout under ``PATH/_pgpoll/``::
-
-    commits/<16 hex end>.json        version 1: one record per batch, named by its end LSN
-    commits/seq-<16 digits>.json     version 2: record number <seq> (1, 2, 3, ...)
-    checkpoints/seq-<16 digits>.json a fold of records 1..<seq>
-
-**Version 2 is a fenced log.** Records are numbered; each names its
-predecessor (``prev``: the previous ``seq``, or for the first version-2
-record after version-1 records that record's file name). Publishing batch
-N+1 is a compare-and-set: record N+1 is created only if it does not exist
-(:meth:`OutputFs.create_exclusive`), so of two runs that planned on record N
-exactly one wins. Version-1 records (written by older pgpoll) are read and
-numbered 1..K in LSN order; new records continue at K+1. The zero-padded
-names sort in order, so the head (the last ``seq``) comes from listing names,
-without reading a record.
-
-**Checkpoints** fold records 1..N (high-water mark, totals, the partitions
-with their typed tables) so that start-up reads the newest checkpoint and the
-records after it, not the whole history. A checkpoint is written with the same
-create-if-absent in its own directory, so it never competes with a batch for
-a sequence number; two runs writing the same fold write the same content, and
-a kill mid-write leaves nothing (the file appears whole or not at all). A
-checkpoint is only written over records whose data files are all in place.
+Its files under ``PATH/_pgpoll/``: the records, one per batch, numbered and
+fenced (:mod:`pgpoll.sink.commit_records`), and the checkpoints that fold
+them with the pointer to the newest (:mod:`pgpoll.sink.commit_checkpoints`);
+this module reads them at start-up and appends, and every name of those two
+modules is importable from here as well.
 
 **Start-up reads a bounded set of files, however long the log.** Listing
 ``commits/`` costs one entry per batch ever committed (through Hadoop's
@@ -64,224 +46,26 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from pgpoll.errors import SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
+from pgpoll.sink.commit_checkpoints import CHECKPOINT_EVERY, KEEP_CHECKPOINTS, POINTER, Checkpoint, LogState
+from pgpoll.sink.commit_records import VERSION, CommitRecord, parse_timestamp, record_name, utc_now
 from pgpoll.sink.filesystem import OutputFs, open_output
+
+__all__ = [
+    "CHECKPOINT_EVERY", "KEEP_CHECKPOINTS", "POINTER", "VERSION", "Checkpoint", "CommitLog", "CommitLogSummary",
+    "CommitRecord", "LogState", "record_name", "summarize",
+]
 
 log = logging.getLogger("pgpoll.sink")
 
-VERSION = 2
-CHECKPOINT_EVERY = 50
-"""A checkpoint is written once this many records follow the newest one."""
-KEEP_CHECKPOINTS = 8
-"""Checkpoints kept; older ones are deleted once a newer one is written. Each holds the whole history (every
-partition), so keeping them all would grow with the square of the batches; start-up reads only the newest."""
-POINTER = "newest-checkpoint.json"
-"""Under ``_pgpoll/``: the newest checkpoint's ``seq`` (a hint; see the module docstring)."""
-
 _V1_NAME = re.compile(r"^[0-9A-F]{16}\.json$")
 _V2_NAME = re.compile(r"^seq-([0-9]{16})\.json$")
-
-
-def record_name(seq: int) -> str:
-    """The file name of version-2 record ``seq`` (also a checkpoint's, in its own directory)."""
-    return f"seq-{seq:016d}.json"
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat()
-
-
-@dataclass(frozen=True)
-class CommitRecord:
-    """One committed batch (version 1 or 2; ``version`` says which).
-
-    ``start``/``end`` are the smallest and largest commit LSN the batch
-    accounts for (``end`` is where the slot is advanced to); ``partition`` is
-    the directory under ``changes/`` (None when the batch wrote no rows);
-    ``files`` its data files, ``file_sizes`` their sizes and ``bytes`` the sum;
-    ``tables`` the typed tables (``tables/<dir>/<partition>``), whose files are
-    in ``table_files``; ``staging`` the staging id the files were published
-    from; ``first_commit_ts``/``last_commit_ts`` the commit times of the oldest
-    and newest change written (ISO 8601, UTC); ``xid_min``/``xid_max`` the
-    batch's full 64-bit transaction ids (None when unknown); ``table_stats``
-    per-table figures for later use; ``name`` is the file name (not stored).
-    """
-
-    start: str
-    end: str
-    rows: int
-    files: list[str]
-    partition: str | None
-    slot: str
-    plugin: str
-    committed_at: str = field(default_factory=_now)
-    adopted: bool = False
-    last_commit_ts: str | None = None
-    tables: list[str] = field(default_factory=list)
-    version: int = VERSION
-    seq: int = 0
-    prev: int | str | None = None
-    kind: str = "batch"
-    file_sizes: dict[str, int] = field(default_factory=dict)
-    bytes: int = 0
-    table_files: dict[str, dict[str, int]] = field(default_factory=dict)
-    run: str | None = None
-    staging: str | None = None
-    first_commit_ts: str | None = None
-    xid_min: int | None = None
-    xid_max: int | None = None
-    table_stats: dict[str, Any] | None = None
-    publications: list[str] = field(default_factory=list)
-    in_place: bool = False
-    """The files were written at their final place before the record (object stores): nothing to move."""
-    name: str = field(default="", compare=False)
-
-    @property
-    def end_lsn(self) -> Lsn:
-        """``end`` as an Lsn."""
-        return Lsn.parse(self.end)
-
-    def to_json(self) -> str:
-        """The record as one JSON document (``name`` is the file's, not stored)."""
-        data = asdict(self)
-        del data["name"]
-        if self.version >= 2:
-            del data["adopted"]  # version 2 adopts nothing
-        return json.dumps(data, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str, name: str = "") -> CommitRecord:
-        """Parse a record: version 2, or version 1 (``version`` 1, ``seq`` set by the caller)."""
-        data: dict[str, Any] = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        version = int(data.get("version", 1))
-        if version > VERSION:
-            raise SinkError(
-                f"commit-log record {name} has format version {version}, newer than this pgpoll reads ({VERSION})",
-                "upgrade pgpoll to the version that wrote the output",
-            )
-        known = {f.name for f in fields(cls)} - {"name"}
-        kept = {k: v for k, v in data.items() if k in known}  # later minor additions are ignored
-        kept["version"] = version
-        return cls(**kept, name=name)
-
-    @classmethod
-    def parse(cls, text: str, where: str, name: str = "") -> CommitRecord:
-        """Parse the record read from ``where``; :class:`SinkError` with the fix when it is unreadable."""
-        try:
-            return cls.from_json(text, name)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise SinkError(
-                f"commit-log record {where} is unreadable: {exc}",
-                "restore it from backup, or remove it and the partition it names, then rerun",
-            ) from None
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """The fold of records 1..``seq``: what start-up needs without reading them.
-
-    ``partitions`` lists ``[partition, [typed table, ...]]`` of every record
-    that wrote rows, in order; ``v1_records`` how many of the records are
-    version-1 ones (None: written by a pgpoll that did not say).
-    """
-
-    seq: int
-    high_water_mark: str | None
-    records: int
-    rows: int
-    bytes: int
-    partitions: list[list[Any]]
-    slots: list[str]
-    last_commit_ts: str | None = None
-    last_committed_at: str | None = None
-    run: str | None = None
-    created_at: str = field(default_factory=_now)
-    version: int = VERSION
-    kind: str = "checkpoint"
-    v1_records: int | None = None
-
-    def to_json(self) -> str:
-        """The checkpoint as one JSON document."""
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> Checkpoint:
-        """Parse a checkpoint written by :meth:`to_json`."""
-        data = json.loads(text)
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-def _later(a: str | None, b: str | None) -> str | None:
-    if a is None or b is None:
-        return a or b
-    return a if _timestamp(a) >= _timestamp(b) else b
-
-
-@dataclass(frozen=True)
-class LogState:
-    """The commit log as start-up sees it: the newest checkpoint and the records after it.
-
-    ``head`` is the last ``seq`` (0 for a new output); ``v1_names`` the
-    version-1 file names in LSN order (record ``i`` is ``v1_names[i-1]``);
-    ``listed`` whether ``commits/`` was listed (False: found from the pointer,
-    the checkpoint then says there are no version-1 records).
-    """
-
-    head: int
-    checkpoint: Checkpoint | None
-    tail: tuple[CommitRecord, ...]
-    v1_names: tuple[str, ...] = ()
-    listed: bool = True
-
-    @property
-    def high_water_mark(self) -> Lsn | None:
-        """The largest ``end`` of any record (None for a new output)."""
-        ends = [r.end_lsn for r in self.tail]
-        if self.checkpoint is not None and self.checkpoint.high_water_mark is not None:
-            ends.append(Lsn.parse(self.checkpoint.high_water_mark))
-        return max(ends) if ends else None
-
-    def prev_of(self, seq: int) -> int | str | None:
-        """What record ``seq`` names as its predecessor."""
-        before = seq - 1
-        if before <= 0:
-            return None
-        if before <= len(self.v1_names):
-            return self.v1_names[before - 1]
-        return before
-
-    def partitions(self) -> list[tuple[str, list[str]]]:
-        """``(partition, typed tables)`` of every record that wrote rows, in order."""
-        out = [(str(p[0]), list(p[1])) for p in self.checkpoint.partitions] if self.checkpoint else []
-        return out + [(r.partition, list(r.tables)) for r in self.tail if r.partition]
-
-    def fold(self, upto: int, run: str | None = None) -> Checkpoint:
-        """The checkpoint of records 1..``upto`` (``upto`` at least the current checkpoint's seq)."""
-        cp = self.checkpoint
-        records = [r for r in self.tail if r.seq <= upto]
-        hwm = max([r.end_lsn for r in records] + ([Lsn.parse(cp.high_water_mark)] if cp and cp.high_water_mark else []),
-                  default=None)
-        last_ts, last_at = (cp.last_commit_ts, cp.last_committed_at) if cp else (None, None)
-        for r in records:
-            last_ts, last_at = _later(last_ts, r.last_commit_ts), _later(last_at, r.committed_at)
-        return Checkpoint(
-            seq=upto, high_water_mark=str(hwm) if hwm is not None else None,
-            records=(cp.records if cp else 0) + len(records), rows=(cp.rows if cp else 0) + sum(r.rows for r in records),
-            bytes=(cp.bytes if cp else 0) + sum(r.bytes for r in records),
-            partitions=(list(cp.partitions) if cp else []) + [[r.partition, list(r.tables)] for r in records if r.partition],
-            slots=sorted(set(cp.slots if cp else []) | {r.slot for r in records}),
-            last_commit_ts=last_ts, last_committed_at=last_at, run=run,
-            v1_records=len(self.v1_names) if self.listed or cp is None else cp.v1_records,
-        )
 
 
 class CommitLog:
@@ -510,7 +294,7 @@ class CommitLog:
         if current is not None and int(current["seq"]) >= seq and (current.get("clean") is True or not self.clean):
             return
         newest = max(seq, int(current["seq"])) if current is not None else seq
-        body = {"seq": newest, "clean": self.clean, "version": VERSION, "written_at": _now()}
+        body = {"seq": newest, "clean": self.clean, "version": VERSION, "written_at": utc_now()}
         try:
             self.fs.write_text(self.pointer_path, json.dumps(body, sort_keys=True))
         except SinkError as exc:  # a hint: the next checkpoint writes it again
@@ -550,17 +334,9 @@ def summarize(output: str, fs: OutputFs | None = None) -> CommitLogSummary:
         records=fold.records,
         rows=fold.rows,
         high_water_mark=state.high_water_mark,
-        last_commit_ts=_timestamp(fold.last_commit_ts) if fold.last_commit_ts else None,
-        last_committed_at=_timestamp(fold.last_committed_at) if fold.last_committed_at else None,
+        last_commit_ts=parse_timestamp(fold.last_commit_ts) if fold.last_commit_ts else None,
+        last_committed_at=parse_timestamp(fold.last_committed_at) if fold.last_committed_at else None,
         slots=tuple(fold.slots),
         head=state.head,
         fenced=fs.fenced,
     )
-
-
-def _timestamp(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise SinkError(f"commit-log timestamp {text!r} is not ISO 8601", "check the commit-log records") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

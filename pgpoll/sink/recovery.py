@@ -134,13 +134,13 @@ def remove_staging(fs: OutputFs, sid: str, *, keep_uploads: bool = False) -> Non
 
     ``keep_uploads``: the files it uploaded are a committed record's (only the manifest goes).
     """
-    if keep_uploads:
+    if not fs.direct_writes:  # a staged batch (an object store's are uploads, never staged there)
+        fs.delete(fs.path(layout.STAGING, sid))
+        fs.delete(fs.path(layout.STAGING, sid + layout.TABLES_SUFFIX))
+    elif keep_uploads:
         fs.delete(manifest_path(fs, sid))
     else:
         remove_uploads(fs, sid)
-    if not fs.direct_writes:  # (on an object store nothing is ever staged there)
-        fs.delete(fs.path(layout.STAGING, sid))
-        fs.delete(fs.path(layout.STAGING, sid + layout.TABLES_SUFFIX))
     fs.delete(fs.path(layout.STAGING, sid + layout.PLAN_SUFFIX))
 
 

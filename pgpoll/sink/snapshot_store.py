@@ -67,9 +67,16 @@ def manifest_name(n: int) -> str:
     return f"chunk-{n:06d}.json"
 
 
-def chunk_file(n: int) -> str:
-    """The data file of chunk ``n``, relative to its table's data directory."""
-    return f"chunk={n}/part-00000.parquet"
+#: The first number of a recheck piece (key-range and block chunks are numbered from 0, far below it).
+RECHECK_FIRST = 1_000_000
+
+
+def chunk_file(n: int, attempt: str | None = None) -> str:
+    """The data file of chunk ``n``, relative to its table's data directory (``attempt``: on an object store, the
+    attempt's own file name, written once at its final place)."""
+    if n >= RECHECK_FIRST:
+        return f"_recheck/part-{n}.parquet" if attempt is None else f"_recheck/{n}-{attempt}"
+    return f"chunk={n}/part-00000.parquet" if attempt is None else f"chunk={n}/{attempt}"
 
 
 def now_iso() -> str:
@@ -138,7 +145,7 @@ class SnapshotStore:
         """A fresh attempt file for chunk ``n``: ``(name, path)`` (on an object store, at its final key)."""
         if self.fs.direct_writes:
             name = f"part-00000-{uuid.uuid4().hex}.parquet"
-            return name, self.data(table_dir, f"chunk={n}", name)
+            return name, self.data(table_dir, chunk_file(n, name))
         name = f"{n}-{uuid.uuid4().hex}.parquet"
         return name, self.data(table_dir, layout.SNAPSHOT_ATTEMPTS, name)
 
@@ -152,7 +159,7 @@ class SnapshotStore:
         The loser deletes its own attempt and changes nothing else.
         """
         direct = self.fs.direct_writes
-        final = f"chunk={n}/{attempt_name}" if direct else chunk_file(n)
+        final = chunk_file(n, attempt_name) if direct else chunk_file(n)
         doc = {**manifest, "n": n, "attempt": attempt_name, "files": [final]}
         attempt_path = self.data(table_dir, final) if direct else self.data(table_dir, layout.SNAPSHOT_ATTEMPTS, attempt_name)
         if not self.fs.create_exclusive(self.meta(table_dir, manifest_name(n)), json.dumps(doc, sort_keys=True)):
@@ -165,7 +172,7 @@ class SnapshotStore:
     def _finish(self, table_dir: str, n: int, attempt_name: str) -> bool:
         """Rename the winning attempt to its final name; False when neither exists (the data is lost)."""
         if self.fs.direct_writes:  # written at its final key: nothing to rename
-            return self.fs.exists(self.data(table_dir, f"chunk={n}", attempt_name))
+            return self.fs.exists(self.data(table_dir, chunk_file(n, attempt_name)))
         final = self.final_path(table_dir, n)
         if self.fs.exists(final):
             return True
@@ -191,11 +198,12 @@ class SnapshotStore:
                 self.fs.delete(self.meta(table_dir, manifest_name(n)))
                 del done[n]
         named = {str(m.get("attempt", "")) for m in done.values()}
-        if self.fs.direct_writes:  # attempts sit under chunk=<n>/: delete those no manifest names
+        if self.fs.direct_writes:  # attempts sit at their final place: delete those no manifest names
+            kept = {f for m in done.values() for f in m.get("files", ())}
             for chunk_dir, is_dir, _size in self.fs.list(self.data(table_dir)):
-                if is_dir and chunk_dir.startswith("chunk="):
+                if is_dir and (chunk_dir.startswith("chunk=") or chunk_dir == "_recheck"):
                     for name, _d, _s in self.fs.list(self.data(table_dir, chunk_dir)):
-                        if name not in named:
+                        if f"{chunk_dir}/{name}" not in kept:
                             self.fs.delete(self.data(table_dir, chunk_dir, name))
             return done
         attempts = self.data(table_dir, layout.SNAPSHOT_ATTEMPTS)

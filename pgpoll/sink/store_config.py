@@ -8,7 +8,7 @@ output root, and the settings read from the environment under the names the
 AWS, Google and Azure tools use (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``,
 ``AWS_ALLOW_HTTP``, ``GOOGLE_APPLICATION_CREDENTIALS``,
 ``AZURE_STORAGE_ACCOUNT_NAME``...: :data:`ENV_NAMES`). The same names reach
-delta-rs (:meth:`StoreLocation.delta_options`), obstore and polars, so one
+delta-rs and polars (:meth:`StoreLocation.storage_options`), so one
 environment configures every tool that touches the lake.
 
 A location is a value: it pickles (a Spark task gets the driver's settings
@@ -258,8 +258,8 @@ class StoreLocation:
                 settings.setdefault("AZURE_STORAGE_ENDPOINT", f"{emulator.rstrip('/')}/{account}")
         return settings
 
-    def delta_options(self) -> dict[str, str]:
-        """The storage options delta-rs needs for this store (the same variable names, as strings)."""
+    def storage_options(self) -> dict[str, str]:
+        """The settings as ``storage_options`` for delta-rs, polars and the like (the same variable names)."""
         options = self._explicit()
         names = {"s3": "AWS", "gs": "GOOGLE", "az": "AZURE"}[self.kind]
         for key, value in self.client:
@@ -268,7 +268,12 @@ class StoreLocation:
         if self.kind == "az" and options.get("AZURE_STORAGE_ENDPOINT", "").startswith("http://"):
             options.setdefault("AZURE_ALLOW_HTTP", "true")
             options.setdefault("allow_http", "true")
-        # delta-rs's own client retries like pgpoll's (delta-rs's "Advanced object storage configuration")
+        return options
+
+    def delta_options(self) -> dict[str, str]:
+        """:meth:`storage_options` for pgpoll's own delta-rs calls: its client retries and times out like pgpoll's
+        (delta-rs's "Advanced object storage configuration"; polars refuses these keys as strings)."""
+        options = self.storage_options()
         options.update({"max_retries": str(MAX_RETRIES), "retry_timeout": f"{int(RETRY_TIMEOUT.total_seconds())}s",
                         "backoff_config.init_backoff": "200ms", "backoff_config.max_backoff": "2s",
                         "connect_timeout": f"{int(CONNECT_TIMEOUT.total_seconds())}s"})

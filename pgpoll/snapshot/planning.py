@@ -25,14 +25,19 @@ if TYPE_CHECKING:
 
 def normalised_args(
     *, slot: str, plugin: str, publications: Sequence[str], tables: Sequence[str], exclude_tables: Sequence[str],
-    row_filters: Sequence[str], chunk_rows: int,
+    row_filters: Sequence[str], chunk_rows: int, mode: str = "auto", chunk_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The arguments that decide what a snapshot reads (order and repetition do not matter)."""
-    return {
+    args: dict[str, Any] = {
         "slot": slot, "plugin": plugin, "publications": sorted(set(publications)), "tables": sorted(set(tables)),
         "exclude_tables": sorted(set(exclude_tables)), "row_filters": sorted(set(row_filters)),
         "chunk_rows": chunk_rows,
     }
+    if mode != "auto":
+        args["mode"] = mode
+    if chunk_seconds is not None:
+        args["chunk_seconds"] = chunk_seconds
+    return args
 
 
 def chunk_from_json(data: Mapping[str, Any]) -> ChunkSpec:
@@ -42,8 +47,9 @@ def chunk_from_json(data: Mapping[str, Any]) -> ChunkSpec:
     return ChunkSpec.from_json(dict(data))
 
 
-def table_entry(t: SnapshotTable, chunks: Sequence[ChunkSpec]) -> dict[str, Any]:
-    """One table of the plan (``t`` a ``SnapshotTable``): its typed columns under their physical names, its chunks."""
+def table_entry(t: SnapshotTable, chunks: Sequence[ChunkSpec], rechecks: Sequence[ChunkSpec] = ()) -> dict[str, Any]:
+    """One table of the plan (``t`` a ``SnapshotTable``): its typed columns under their physical names, its chunks,
+    why it got its mode, and its recheck pieces (:mod:`pgpoll.snapshot.recheck`)."""
     schema = t.table_schema
     typed = TypedLayout.build([schema], ColumnLedger())
     physical = {name: phys for phys, name, _t in typed.columns}
@@ -53,7 +59,8 @@ def table_entry(t: SnapshotTable, chunks: Sequence[ChunkSpec]) -> dict[str, Any]
         "columns": [{"name": c.name, "physical": physical[c.name], "type": c.type.to_json()} for c in t.columns],
         "schema_id": schema.schema_id, "relfilenode": int(t.relfilenode), "row_filter": t.row_filter,
         "column_list": None if t.column_list is None else list(t.column_list),
-        "chunks": [c.to_json() for c in chunks],
+        "chunks": [c.to_json() for c in chunks], "mode_reason": t.mode_reason,
+        "rechecks": [c.to_json() for c in rechecks],
     }
 
 

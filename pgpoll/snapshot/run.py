@@ -8,8 +8,10 @@ with the same arguments or plans a new one (``plan.json`` before any chunk
 is read). The chunks still missing run as Spark tasks
 (:mod:`pgpoll.snapshot.chunk_task`): every chunked table's in ONE job whose
 partitions each take their chunks one after the other, so at most
-``parallelism`` connections read at once; each shared-snapshot table in its
-own job, under one exported snapshot held open by the driver. Finally the
+``parallelism`` connections read at once; then, in a second job, the recheck
+pieces of the chunked tables that need one (:mod:`pgpoll.snapshot.recheck`:
+after the last chunk of their table); each shared-snapshot table in its own
+job, under one exported snapshot held open by the driver. Finally the
 driver waits until every transaction listed as in progress in any chunk's
 snapshot has finished, and records that LSN (the convergence LSN) in
 ``complete.json``. An interrupted run (SIGINT/SIGTERM) keeps its finished
@@ -19,9 +21,11 @@ chunks: the next run with the same arguments reads only the others.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -33,8 +37,8 @@ from pgpoll.errors import ConfigError, PgpollError, SinkError, TableRewrittenErr
 from pgpoll.sink.filesystem import OutputFs, check_writable, needs_spark, open_output
 from pgpoll.sink.lease import Lease
 from pgpoll.sink.snapshot_store import SnapshotStore, find_resumable, new_snapshot_id, now_iso, table_lease
-from pgpoll.snapshot import planning
-from pgpoll.snapshot.chunk_task import ChunkResult, ChunkWork, run_chunks
+from pgpoll.snapshot import planning, recheck
+from pgpoll.snapshot.chunk_task import PAUSE_ENV, ChunkResult, ChunkWork, run_chunks
 from pgpoll.snapshot.progress import Watcher
 from pgpoll.stopping import StopRequest
 
@@ -59,6 +63,8 @@ class SnapshotOptions:
     exclude_tables: tuple[str, ...] = ()
     row_filters: tuple[str, ...] = ()
     chunk_rows: int = 100_000
+    chunk_seconds: float | None = 2.0
+    mode: str = "auto"
     parallelism: int | None = None
     lock_timeout_s: float = 5.0
     wait_timeout_s: float = 600.0
@@ -84,6 +90,13 @@ class SnapshotSummary:
     status: str = "ok"
     exit_code: int = 0
     table_names: list[str] = field(default_factory=list)
+    #: per table: ``{"mode", "why", "recheck", "chunks"}`` (how it was read and why)
+    table_modes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the longest any chunk (or recheck piece) held its snapshot, in seconds
+    longest_snapshot_s: float = 0.0
+    #: recheck pieces read by this run, and the rows they read (pgpoll.snapshot.recheck)
+    rechecks_read: int = 0
+    recheck_rows: int = 0
 
     def to_json(self) -> str:
         """One line of JSON."""
@@ -102,9 +115,11 @@ def _check_output(output: str) -> None:
 
 
 def _prepare(opts: SnapshotOptions) -> None:
+    from pgpoll.source.arrow_peek import requested_fetch
     from pgpoll.source.names import check_slot_name
 
     check_slot_name(opts.slot)
+    requested_fetch()  # PGPOLL_FETCH: a bad value is exit 2 at once
     if opts.row_filters:
         from pgpoll.rowfilter.expression import parse_row_filter
 
@@ -129,7 +144,7 @@ def _preflight(control: ControlConnection, opts: SnapshotOptions) -> tuple[str, 
         control.call(lambda c: checked_client_row_filters(c, plugin, opts.row_filters))
     patterns = TablePatterns(tuple(opts.tables), tuple(opts.exclude_tables))
     tables = list(control.call(lambda c: snapshot_tables(
-        c, plugin=plugin, publications=list(opts.publications), patterns=patterns)))
+        c, plugin=plugin, publications=list(opts.publications), patterns=patterns, mode=opts.mode)))
     if not tables:
         raise ConfigError("no table to snapshot", "check --publication, --tables and --exclude-tables")
     for t in tables:
@@ -166,7 +181,8 @@ def _plan_or_resume(control: ControlConnection, fs: OutputFs, opts: SnapshotOpti
 
     args = planning.normalised_args(
         slot=opts.slot, plugin=plugin, publications=opts.publications, tables=opts.tables,
-        exclude_tables=opts.exclude_tables, row_filters=opts.row_filters, chunk_rows=opts.chunk_rows)
+        exclude_tables=opts.exclude_tables, row_filters=opts.row_filters, chunk_rows=opts.chunk_rows, mode=opts.mode,
+        chunk_seconds=opts.chunk_seconds)
     sid = find_resumable(fs, args)
     if sid is not None:
         store = SnapshotStore(fs, sid)
@@ -180,10 +196,17 @@ def _plan_or_resume(control: ControlConnection, fs: OutputFs, opts: SnapshotOpti
         log.info("snapshot %s was planned for other tables or table shapes: starting a new one", sid)
     sid = new_snapshot_id()
     plan_lsn = int(control.call(current_wal_lsn))
-    entries = [
-        planning.table_entry(t, control.call(functools.partial(plan_chunks, t=t, chunk_rows=opts.chunk_rows)))
-        for t in tables
-    ]
+    entries = []
+    for t in tables:
+        chunks = control.call(functools.partial(plan_chunks, t=t, chunk_rows=opts.chunk_rows,
+                                                chunk_seconds=opts.chunk_seconds))
+        pieces = []
+        if t.recheck:  # block ranges per leaf, as a shared read's, PIECE_SCALE times a chunk's rows and time
+            scale = recheck.PIECE_SCALE
+            pieces = recheck.numbered(control.call(functools.partial(
+                plan_chunks, t=dataclasses.replace(t, mode="shared"), chunk_rows=opts.chunk_rows * scale,
+                chunk_seconds=None if opts.chunk_seconds is None else opts.chunk_seconds * scale)))
+        entries.append(planning.table_entry(t, chunks, pieces))
     plan = planning.build_plan(sid, slot=opts.slot, plugin=plugin, publications=opts.publications, args=args,
                                plan_lsn=plan_lsn, entries=entries)
     store = SnapshotStore(fs, sid)
@@ -220,31 +243,56 @@ def _cancel(spark: Any) -> None:
     spark.sparkContext.cancelAllJobs()
 
 
+def _work(store: SnapshotStore, t: SnapshotTable, opts: SnapshotOptions, dsn: str, entry: dict[str, Any],
+          spec: dict[str, Any], **more: Any) -> ChunkWork:
+    from pgpoll.source.arrow_peek import requested_fetch
+
+    return ChunkWork(dsn=dsn, output=opts.output, fs=store.fs, snapshot_id=store.snapshot_id, table=t,
+                     chunk=planning.chunk_from_json(spec), lock_timeout_ms=int(opts.lock_timeout_s * 1000),
+                     row_filters=opts.row_filters, plan_relfilenode=entry.get("relfilenode"),
+                     pause_dir=os.environ.get(PAUSE_ENV) or None, fetch=requested_fetch(), **more)
+
+
 def _missing_works(store: SnapshotStore, plan: dict[str, Any], by_name: dict[tuple[str, str], SnapshotTable],
                    opts: SnapshotOptions, dsn: str, entry: dict[str, Any], exported: str | None = None,
                    exported_relfilenode: int | None = None) -> list[ChunkWork]:
     done = store.manifests(entry["dir"])
     t = by_name[(entry["schema"], entry["table"])]
-    return [
-        ChunkWork(dsn=dsn, output=opts.output, fs=store.fs, snapshot_id=store.snapshot_id, table=t,
-                  chunk=planning.chunk_from_json(c), lock_timeout_ms=int(opts.lock_timeout_s * 1000),
-                  exported=exported, exported_relfilenode=exported_relfilenode, row_filters=opts.row_filters,
-                  plan_relfilenode=entry.get("relfilenode"))
-        for c in entry["chunks"] if int(c["n"]) not in done
-    ]
+    return [_work(store, t, opts, dsn, entry, c, exported=exported, exported_relfilenode=exported_relfilenode)
+            for c in entry["chunks"] if int(c["n"]) not in done]
+
+
+def _recheck_works(store: SnapshotStore, by_name: dict[tuple[str, str], SnapshotTable], opts: SnapshotOptions,
+                   dsn: str, entry: dict[str, Any]) -> list[ChunkWork]:
+    """The table's missing recheck pieces, once its every key chunk is in (see :mod:`pgpoll.snapshot.recheck`)."""
+    specs = recheck.recheck_specs(entry)
+    done = store.manifests(entry["dir"]) if specs else {}
+    if not specs or any(int(c["n"]) not in done for c in entry["chunks"]) or not recheck.needed(done):
+        return []
+    t = by_name[(entry["schema"], entry["table"])]
+    since = recheck.since(done)
+    return [_work(store, t, opts, dsn, entry, c, recheck_since=since) for c in specs if int(c["n"]) not in done]
 
 
 def _read_chunks(spark: Any, store: SnapshotStore, plan: dict[str, Any], tables: Sequence[SnapshotTable],
-                 opts: SnapshotOptions, dsn: str, stop: StopRequest | None) -> int:
-    """Run every missing chunk; returns how many were read by this run."""
+                 opts: SnapshotOptions, dsn: str, stop: StopRequest | None, summary: SnapshotSummary) -> int:
+    """Run every missing chunk, then the chunked tables' recheck pieces; returns how many chunks this run read
+    (``summary.longest_snapshot_s`` learns how long each shared snapshot was held)."""
     from pgpoll.source.snapshot_reads import SharedSnapshot
 
     default = int(spark.sparkContext.defaultParallelism)
     parallelism = opts.parallelism or max(1, min(default, MAX_DEFAULT_PARALLELISM))
     by_name = {(t.schema, t.table): t for t in tables}
-    chunked = [w for e in plan["tables"] if e["mode"] == "chunked"
-               for w in _missing_works(store, plan, by_name, opts, dsn, e)]
+    chunked_entries = [e for e in plan["tables"] if e["mode"] == "chunked"]
+    for entry in chunked_entries:  # a recheck must follow the table's last chunk read
+        done = store.manifests(entry["dir"])
+        if any(int(c["n"]) not in done for c in entry["chunks"]) and recheck.forget(store, entry["dir"], done):
+            log.info("%s: chunks to read again; its recheck follows them", entry["dir"])
+    chunked = [w for e in chunked_entries for w in _missing_works(store, plan, by_name, opts, dsn, e)]
     read = len(_run_job(spark, chunked, parallelism, stop))
+    if stop is None or not stop.requested:
+        pieces = [w for e in chunked_entries for w in _recheck_works(store, by_name, opts, dsn, e)]
+        summary.rechecks_read = len(_run_job(spark, pieces, parallelism, stop))
     for entry in plan["tables"]:
         if entry["mode"] != "shared" or (stop is not None and stop.requested):
             continue
@@ -256,9 +304,12 @@ def _read_chunks(spark: Any, store: SnapshotStore, plan: dict[str, Any], tables:
             try:
                 with SharedSnapshot(dsn, t, opts.shared_snapshot_timeout_s,
                                     lock_timeout_ms=int(opts.lock_timeout_s * 1000)) as shared:
+                    held = time.monotonic()
                     works = _missing_works(store, plan, by_name, opts, dsn, entry, exported=shared.exported,
                                            exported_relfilenode=shared.relfilenode)
                     read += len(_run_job(spark, works, parallelism, stop))
+                    held = time.monotonic() - held
+                summary.longest_snapshot_s = max(summary.longest_snapshot_s, round(held, 3))
                 break
             except TableRewrittenError as exc:
                 if attempt == SHARED_ATTEMPTS:
@@ -278,19 +329,27 @@ def _complete(control: ControlConnection, store: SnapshotStore, plan: dict[str, 
     from pgpoll.source.snapshot_reads import wait_for_transactions
 
     xips: set[int] = set()
-    rows = chunks = size = 0
+    rows = chunks = size = recheck_rows = 0
+    held = 0.0
     for entry in plan["tables"]:
         done = store.manifests(entry["dir"])
         missing = [c["n"] for c in entry["chunks"] if int(c["n"]) not in done]
+        if not missing and recheck.needed(done):
+            missing = [c["n"] for c in recheck.recheck_specs(entry) if int(c["n"]) not in done]
         if missing:
             raise SinkError(f"snapshot {store.snapshot_id}: chunks {missing[:5]} of {entry['schema']}.{entry['table']} "
                             "are missing", "rerun the same snapshot command to read them")
-        for manifest in done.values():
+        for n, manifest in done.items():
             xips.update(int(x) for x in manifest.get("snapshot", {}).get("xip", ()))
-            rows += int(manifest.get("rows", 0))
+            held = max(held, float(manifest.get("held_s", 0.0)))
             size += int(manifest.get("bytes", 0))
+            if n >= recheck.RECHECK_FIRST:
+                recheck_rows += int(manifest.get("rows", 0))
+                continue
+            rows += int(manifest.get("rows", 0))
             chunks += 1
-    summary.rows, summary.bytes, summary.chunks = rows, size, chunks
+    summary.rows, summary.bytes, summary.chunks, summary.recheck_rows = rows, size, chunks, recheck_rows
+    summary.longest_snapshot_s = max(summary.longest_snapshot_s, round(held, 3))
     lsn = int(control.call(lambda c: wait_for_transactions(c, sorted(xips), opts.wait_timeout_s)))
     done_doc = store.write_complete({
         "snapshot_id": store.snapshot_id, "completed_at": now_iso(), "convergence_lsn": str(Lsn(lsn)),
@@ -298,6 +357,13 @@ def _complete(control: ControlConnection, store: SnapshotStore, plan: dict[str, 
         "tables": [f"{e['schema']}.{e['table']}" for e in plan["tables"]],
     })
     summary.convergence_lsn = str(done_doc["convergence_lsn"])
+
+
+def _modes(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``snapshot --json``'s ``table_modes``: how each table is read, and why."""
+    return {f"{e['schema']}.{e['table']}": {"mode": e["mode"], "why": e.get("mode_reason", ""),
+                                           "chunks": len(e["chunks"]), "recheck": bool(e.get("rechecks"))}
+            for e in plan["tables"]}
 
 
 def run_snapshot(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | None = None,
@@ -324,7 +390,11 @@ def run_snapshot(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | N
         store, plan = _plan_or_resume(control, fs, opts, plugin, tables, summary)
         summary.snapshot_id = store.snapshot_id
         summary.chunks = sum(len(e["chunks"]) for e in plan["tables"])
-        watcher = Watcher(store, [e["dir"] for e in plan["tables"]], summary.chunks, leases, show_progress)
+        summary.table_modes = _modes(plan)
+        for name, how in summary.table_modes.items():
+            log.info("%s: %s (%s)", name, how["mode"], how["why"])
+        watcher = Watcher(store, [e["dir"] for e in plan["tables"]], summary.chunks, leases, show_progress,
+                          pieces=sum(len(recheck.recheck_specs(e)) for e in plan["tables"]))
         watcher.start()
         if stop is None or not stop.requested:
             from pgpoll.spark.session import spark_session
@@ -332,14 +402,14 @@ def run_snapshot(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | N
             spark = spark or spark_session("pgpoll-snapshot")
             stopping.reclaim(stop)  # SparkContext replaced the SIGINT handler with its own
             with contextlib.suppress(stopping.StopRequestedError):  # stopped: reported below
-                summary.chunks_read = _read_chunks(spark, store, plan, tables, opts, target.dsn, stop)
+                summary.chunks_read = _read_chunks(spark, store, plan, tables, opts, target.dsn, stop, summary)
         if watcher.lost is not None:
             raise watcher.lost
         if stop is not None and stop.requested:
             summary.status, summary.exit_code = "interrupted", stop.exit_code
             watcher.tick()
-            summary.rows = sum(watcher.seen.values())
-            summary.chunks_read = len(watcher.seen) - watcher.chunks_before
+            summary.rows = watcher.rows()
+            summary.chunks_read = watcher.chunks_done() - watcher.chunks_before
             summary.bytes = _bytes_so_far(store, plan)
         else:
             _complete(control, store, plan, opts, summary)

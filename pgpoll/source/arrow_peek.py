@@ -125,9 +125,11 @@ def peek_arrow(
     Raises :class:`FetchUnavailableError` for a failure before the first batch,
     a translated :class:`~pgpoll.errors.PgpollError` for one after it.
 
-    ``on_first_batch`` is called once the server has built the peek's whole
-    result (the first batch arrived), before it is yielded: the ingest task
-    reads its transaction-id reference then (on its other connection).
+    ``upto_lsn`` stops the decoding after the WAL record that ends there (as
+    :func:`pgpoll.source.slots.peek_chunks`). ``on_first_batch`` is called
+    once the server has built the peek's whole result (the first batch
+    arrived), before it is yielded: the ingest task reads its transaction-id
+    reference then (on its other connection).
     """
     import adbc_driver_postgresql.dbapi as adbc
 

@@ -45,6 +45,7 @@ SELECT a.attname::text, format_type(a.atttypid, NULL),
             ELSE format_type(a.atttypid, a.atttypmod) END
   FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
  WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+ ORDER BY a.attnum
 """
 
 

@@ -15,18 +15,14 @@ tables, so the tables and columns come from where the stream's come from:
   test_decoding names the leaf a change was made in), with the types and the
   identity the ingest reads from the catalog (:mod:`pgpoll.source.catalog`).
 
-A table is read in *chunks* under one snapshot each (mode ``chunked``) only
-when materialize, which has no database connection, can place any key in
-its chunk by itself: every key column's order must be one Spark reproduces
-(integers, uuid, bytea, text and varchar under a code-point collation: "C",
-"POSIX" or the builtin provider) -- and no published column may hold a
-value stored out of line (TOAST: a variable-length column whose storage is
-not PLAIN), other than the key's. With one snapshot per chunk, a row that an UPDATE moves from a
-chunk not read yet into one already read is in neither chunk's rows, and
-that UPDATE does not carry the row's unchanged TOASTed values: they would be
-lost. Everything else -- numeric, floats, text under ICU or libc locales,
-tables with TOASTable columns, keyless tables -- is read under one shared
-snapshot (mode ``shared``), where every row is read as of one instant.
+Each table's mode (one short snapshot per key-range chunk, or one shared
+snapshot) is chosen by :mod:`pgpoll.source.snapshot_modes`, with the reason.
+A chunked table with a published non-key column that can hold an
+out-of-line TOAST value (variable length, storage not PLAIN) is *rechecked*
+after its chunks (:attr:`SnapshotTable.recheck`): an UPDATE that moves a row
+from a chunk not read yet into one already read leaves it in neither, and
+does not carry its unchanged TOASTed values; the recheck re-reads the rows
+written since the chunks' snapshots (see :mod:`pgpoll.snapshot.recheck`).
 """
 
 from __future__ import annotations
@@ -43,20 +39,23 @@ from pgpoll.source.catalog import IDENTITY_KEY_SQL, catalog_table
 from pgpoll.source.names import quote_ident
 from pgpoll.source.server_errors import translate
 from pgpoll.source.session import pinned_transaction
+from pgpoll.source.snapshot_modes import (
+    AUTO,
+    CHUNKED,
+    COLLATED_TYPES,
+    MODES,
+    SHARED,
+    Collation,
+    choose_mode,
+    code_point_ordered,
+    key_order_reproducible,
+)
 from pgpoll.table_patterns import TablePatterns
 from pgpoll.typed.mapping import type_from_oid
 from pgpoll.typed.schemas import IDENTITY_FULL, CatalogTable, ColumnSchema, TableSchema, schema_from_columns
 
-CHUNKED, SHARED = "chunked", "shared"
-
 #: pgoutput sends a Type message only for types at or above FirstGenbkiObjectId (pgoutput.c).
 _FIRST_GENBKI_OID = 10000
-
-#: Base types (pg_catalog typname) whose order Spark reproduces whatever the collation.
-_ORDERED_TYPES = frozenset({"int2", "int4", "int8", "uuid", "bytea"})
-#: Base types ordered by their collation: reproducible only under a code-point collation.
-_COLLATED_TYPES = frozenset({"text", "varchar"})
-
 
 @dataclass(frozen=True)
 class SnapshotTable:
@@ -70,6 +69,9 @@ class SnapshotTable:
     ``leaves`` are the partitions a shared read scans (``()`` for a plain
     table). ``schema_key`` is the key the typed tables record for this table
     (it differs from ``key`` under FULL, and in order under pgoutput).
+    ``mode_reason`` says why the table got its mode (``snapshot --json``);
+    ``recheck``: a chunked table whose rows can carry out-of-line TOAST
+    values, re-scanned after its chunks (see the module docstring).
     """
 
     schema: str
@@ -86,6 +88,8 @@ class SnapshotTable:
     leaves: tuple[tuple[str, str], ...] = ()
     schema_key: tuple[str, ...] = ()
     warning: str | None = None
+    mode_reason: str = ""
+    recheck: bool = False
 
     @property
     def qualified_name(self) -> str:
@@ -112,37 +116,6 @@ class SnapshotTable:
         """:attr:`PgType.kind` of each key column."""
         types = {c.name: c.type.kind for c in self.columns}
         return tuple(types[k] for k in self.key)
-
-
-@dataclass(frozen=True)
-class Collation:
-    """A collation as the catalog describes it: provider (``c``, ``i``, ``b``, ``d`` = default) and locale."""
-
-    provider: str
-    collate: str | None
-
-
-def code_point_ordered(collation: Collation, database: Collation) -> bool:
-    """True when text under ``collation`` sorts by code point (= UTF-8 byte order, Spark's string order).
-
-    ``C`` and ``POSIX`` under libc, and every builtin-provider locale (PG 17+:
-    ``C``, ``C.UTF-8``, ``PG_UNICODE_FAST``); the default collation is the
-    database's. Other libc locales (also ``C.UTF-8`` under libc) and ICU: no.
-    """
-    if collation.provider == "d":
-        return code_point_ordered(database, database) if database.provider != "d" else False
-    if collation.provider == "b":
-        return True
-    return collation.provider == "c" and collation.collate in ("C", "POSIX")
-
-
-def key_order_reproducible(base_typname: str | None, collation: Collation | None, database: Collation) -> bool:
-    """True when Spark orders values of this key column as PostgreSQL does (see the module docstring)."""
-    if base_typname in _ORDERED_TYPES:
-        return True
-    if base_typname in _COLLATED_TYPES and collation is not None:
-        return code_point_ordered(collation, database)
-    return False
 
 
 # ---- catalog queries ---------------------------------------------------------------------
@@ -220,7 +193,7 @@ class _Listed:
 
 
 def snapshot_tables(
-    conn: Any, *, plugin: str, publications: Sequence[str], patterns: TablePatterns
+    conn: Any, *, plugin: str, publications: Sequence[str], patterns: TablePatterns, mode: str = AUTO
 ) -> list[SnapshotTable]:
     """The tables a snapshot reads, described as the stream describes them.
 
@@ -229,13 +202,14 @@ def snapshot_tables(
     tables, leaf partitions included and partitioned roots left out (a
     pattern naming a root selects its leaves). ``patterns``: every include
     pattern must select a table, else :class:`ConfigError` (exit 2, saying
-    whether the table exists outside the publication).
+    whether the table exists outside the publication). ``mode``: ``auto``
+    or ``shared`` (every table under one snapshot).
     """
     try:
         listed = _published(conn, publications) if plugin == "pgoutput" else _user_tables(conn)
         chosen = _select(conn, listed, patterns, plugin, publications)
         database = _database_collation(conn)
-        return [_describe(conn, item, plugin, database) for item in chosen]
+        return [_describe(conn, item, plugin, database, mode) for item in chosen]
     except psycopg2.Error as exc:
         raise translate(exc) from None
 
@@ -360,7 +334,7 @@ def _base_types(cur: Any, oids: set[int]) -> dict[int, tuple[str, str]]:
     return out
 
 
-def _describe(conn: Any, item: _Listed, plugin: str, database: Collation) -> SnapshotTable:
+def _describe(conn: Any, item: _Listed, plugin: str, database: Collation, requested: str = AUTO) -> SnapshotTable:
     with pinned_transaction(conn) as cur:
         cur.execute(_BOUND_SQL)
         cur.execute(_RELATION_SQL, (item.schema, item.table))
@@ -394,9 +368,10 @@ def _describe(conn: Any, item: _Listed, plugin: str, database: Collation) -> Sna
     key: tuple[str, ...] = ()
     if identity in ("d", "i") and index_key and all(k in published for k in index_key):
         key = tuple(index_key)
+    unordered = [f"{k} ({_type_words(by_name[k], bases)})" for k in key if not _reproducible(by_name[k], bases, database)]
+    mode, why = choose_mode(key, str(identity), unordered, requested)
     # see the module docstring: rows can move between chunks (a key value is never an unchanged TOAST datum)
     toastable = any(by_name[n][6] for n in published if n not in index_key)
-    reproducible = bool(key) and not toastable and all(_reproducible(by_name[k], bases, database) for k in key)
     warning = None
     if identity != IDENTITY_FULL and not key:
         warning = (
@@ -410,7 +385,7 @@ def _describe(conn: Any, item: _Listed, plugin: str, database: Collation) -> Sna
         columns=columns,
         key=key,
         identity=str(identity),
-        mode=CHUNKED if reproducible else SHARED,
+        mode=mode,
         relfilenode=int(relfilenode or 0),
         row_filter=item.row_filter if plugin == "pgoutput" else None,
         column_list=published if plugin == "pgoutput" and set(published) != set(all_names) else None,
@@ -419,6 +394,8 @@ def _describe(conn: Any, item: _Listed, plugin: str, database: Collation) -> Sna
         leaves=tuple(zip(leaf_schemas or (), leaf_names or (), strict=True)),
         schema_key=schema_key,
         warning=warning,
+        mode_reason=why,
+        recheck=mode == CHUNKED and toastable,
     )
 
 
@@ -429,15 +406,25 @@ def _reproducible(attr: tuple[Any, ...], bases: Mapping[int, tuple[str, str]], d
     return key_order_reproducible(typname if schema == "pg_catalog" else None, collation, database)
 
 
-def describe_table(conn: Any, schema: str, table: str, *, plugin: str) -> SnapshotTable:
+def _type_words(attr: tuple[Any, ...], bases: Mapping[int, tuple[str, str]]) -> str:
+    """A key column's type and collation, for the reason a table is shared (``text, collation en_US``)."""
+    schema, typname = bases.get(int(attr[1]), ("", "?"))
+    words = typname if schema == "pg_catalog" else f"{schema}.{typname}"
+    if attr[4] is not None and typname in COLLATED_TYPES:
+        provider = {"c": "libc", "i": "ICU", "b": "builtin", "d": "the database's"}.get(str(attr[4]), str(attr[4]))
+        words += f", {provider} collation" + (f" {attr[5]}" if attr[5] else "")
+    return words
+
+
+def describe_table(conn: Any, schema: str, table: str, *, plugin: str, mode: str = AUTO) -> SnapshotTable:
     """One table by name, as :func:`snapshot_tables` describes it (no publication: every column, no filter)."""
     try:
-        return _describe(conn, _Listed(schema, table), plugin, _database_collation(conn))
+        return _describe(conn, _Listed(schema, table), plugin, _database_collation(conn), mode)
     except psycopg2.Error as exc:
         raise translate(exc) from None
 
 
 __all__ = [
-    "CHUNKED", "SHARED", "Collation", "SnapshotTable", "code_point_ordered", "describe_table",
-    "key_order_reproducible", "snapshot_tables",
+    "AUTO", "CHUNKED", "MODES", "SHARED", "Collation", "SnapshotTable", "choose_mode", "code_point_ordered",
+    "describe_table", "key_order_reproducible", "snapshot_tables",
 ]

@@ -1,18 +1,16 @@
-"""Chunk plans of a snapshot and the SQL that reads one chunk.
+"""The SQL that reads one chunk of a snapshot, and the parse of what it returns.
 
-A chunked table is split by its replica-identity key (``lo < key <= hi``,
-row comparison, open first and last ends) at boundaries found by keyset
-probes: each probe reads ``chunk_rows`` index entries past the previous
-boundary in a short transaction with a ``statement_timeout`` (no deep
-OFFSET from the start, no full-table NTILE). A table read under one shared
-snapshot is split by ctid block ranges per leaf relation (TID range scans);
-the last range of each leaf is open, so rows in blocks added after the plan
-are read too. Key values travel as JSON (int for integers, the server's
-text otherwise) and come back as untyped literals, which take each key
-column's own type in the row comparison.
+The chunks themselves are planned in :mod:`pgpoll.source.snapshot_plans`
+(:class:`ChunkSpec`, :func:`plan_chunks`...; importable from here too): key
+ranges of the replica-identity key, or ctid block ranges of a leaf.
 
-The rows of a chunk come from ``COPY (SELECT ...) TO STDOUT (FORMAT csv)``,
-parsed by pyarrow into string columns (:func:`parse_csv`).
+The rows of a chunk come from ``COPY (SELECT ...) TO STDOUT (FORMAT
+binary)`` (:func:`binary_copy_query`, read by ADBC) or ``(FORMAT csv)``
+(:func:`copy_sql`, parsed by pyarrow into string columns: :func:`stream_csv`).
+Statements are built as text with every identifier double-quoted and every
+value a quoted literal: COPY takes no parameters. Key bounds are untyped
+literals, which take each key column's own type in the row comparison.
+:func:`written_since` is the recheck's condition (:mod:`pgpoll.snapshot.recheck`).
 """
 
 from __future__ import annotations
@@ -21,181 +19,92 @@ import io
 import os
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-import psycopg2
 import pyarrow as pa
 import pyarrow.csv as pacsv
-from psycopg2 import sql
 
-from pgpoll.source.names import parse_qualified_name, quote_ident
-from pgpoll.source.server_errors import translate
-from pgpoll.source.session import pinned_transaction
-from pgpoll.source.snapshot_catalog import CHUNKED, SnapshotTable
+from pgpoll.source.names import double_quote, sql_literal
+from pgpoll.source.snapshot_catalog import SnapshotTable
+from pgpoll.source.snapshot_plans import (
+    MIN_CHUNK_ROWS,
+    PROBE_TIMEOUT_MS,
+    READ_BYTES_PER_S,
+    ChunkSpec,
+    chunk_rows_for,
+    plan_chunks,
+    relation_text,
+    row_bytes,
+    set_timeout,
+)
 
-PROBE_TIMEOUT_MS = 60_000
-_DEFAULT_ROWS_PER_BLOCK = 50  # no statistics yet: about 160-byte rows
-
-@dataclass(frozen=True)
-class ChunkSpec:
-    """One chunk of a table's plan.
-
-    Mode chunked: rows with ``lo < key <= hi`` (row comparison; ``None`` = open
-    end), key values as JSON values (int for integers, text otherwise, bytea
-    as ``\\x...`` hex). Mode shared: ``relation`` (schema, leaf) and ``blocks``
-    ``(first, end)`` -- ctid blocks ``first <= block < end``, ``end`` None for
-    the last range of a leaf; neither set: the whole table.
-    """
-
-    n: int
-    lo: tuple[Any, ...] | None = None
-    hi: tuple[Any, ...] | None = None
-    relation: tuple[str, str] | None = None
-    blocks: tuple[int, int | None] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """The plan.json form of this chunk."""
-        if self.relation is not None or self.blocks is not None:
-            return {
-                "n": self.n,
-                "relation": None if self.relation is None else f"{quote_ident(self.relation[0])}.{quote_ident(self.relation[1])}",
-                "blocks": None if self.blocks is None else list(self.blocks),
-            }
-        return {"n": self.n, "lo": None if self.lo is None else list(self.lo),
-                "hi": None if self.hi is None else list(self.hi)}
-
-    @staticmethod
-    def from_json(data: dict[str, Any]) -> ChunkSpec:
-        """The inverse of :meth:`to_json`."""
-        if "relation" in data or "blocks" in data:
-            rel = data.get("relation")
-            name = parse_qualified_name(rel)[0] if rel else None
-            blocks = data.get("blocks")
-            return ChunkSpec(
-                int(data["n"]),
-                relation=None if name is None else (name.schema, name.table),
-                blocks=None if blocks is None else (int(blocks[0]), None if blocks[1] is None else int(blocks[1])),
-            )
-        lo, hi = data.get("lo"), data.get("hi")
-        return ChunkSpec(int(data["n"]), None if lo is None else tuple(lo), None if hi is None else tuple(hi))
+__all__ = [
+    "MIN_CHUNK_ROWS", "PROBE_TIMEOUT_MS", "READ_BYTES_PER_S", "STREAM_BLOCK_BYTES", "ChunkSpec", "binary_copy_query",
+    "chunk_rows_for", "copy_sql", "parse_csv", "plan_chunks", "row_bytes", "set_timeout", "stream_csv", "written_since",
+]
 
 
-def _relation_sql(t: SnapshotTable, relation: tuple[str, str] | None = None) -> sql.Composable:
-    """The FROM target: ``ONLY "s"."t"`` for a plain table or a leaf (its inheritance children are other
-    tables in the stream), the partitioned root itself (its rows are its leaves')."""
-    if relation is not None:
-        return sql.SQL("ONLY {}.{}").format(sql.Identifier(relation[0]), sql.Identifier(relation[1]))
-    name = sql.SQL("{}.{}").format(sql.Identifier(t.schema), sql.Identifier(t.table))
-    return name if t.partitioned else sql.SQL("ONLY ") + name
+def _key_text(t: SnapshotTable) -> str:
+    return "(" + ", ".join(double_quote(k) for k in t.key) + ")"
 
 
-def _key_sql(t: SnapshotTable) -> sql.Composable:
-    return sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier(k) for k in t.key))
+def _bound_text(values: tuple[Any, ...]) -> str:
+    # untyped literals: each takes its key column's type (row comparison resolves per column)
+    return "(" + ", ".join(sql_literal(str(v)) for v in values) + ")"
 
 
-def _bound(values: tuple[Any, ...]) -> sql.Composable:
-    # Bound as untyped literals: each takes its key column's type (row comparison resolves per column).
-    return sql.SQL("({})").format(sql.SQL(", ").join(sql.Literal(str(v)) for v in values))
-
-
-def _json_key(kind: str, text: str) -> Any:
-    return int(text) if kind in ("int2", "int4", "int8") else text
-
-
-def set_timeout(cur: Any, ms: int) -> None:
-    """``statement_timeout`` for the rest of the cursor's transaction."""
-    cur.execute("SELECT set_config('statement_timeout', %s, true)", (str(int(ms)),))
-
-
-def plan_chunks(conn: Any, t: SnapshotTable, chunk_rows: int, *, timeout_ms: int = PROBE_TIMEOUT_MS) -> list[ChunkSpec]:
-    """The chunks of ``t``: key ranges by keyset probes (chunked), ctid block ranges per leaf (shared)."""
-    if chunk_rows < 1:
-        raise ValueError("chunk_rows must be at least 1")
-    try:
-        return _key_chunks(conn, t, chunk_rows, timeout_ms) if t.mode == CHUNKED else _block_chunks(conn, t, chunk_rows)
-    except psycopg2.Error as exc:
-        raise translate(exc) from None
-
-
-def _key_chunks(conn: Any, t: SnapshotTable, chunk_rows: int, timeout_ms: int) -> list[ChunkSpec]:
-    kinds = t.key_kinds
-    key = _key_sql(t)
-    select = sql.SQL("SELECT {} FROM {}").format(
-        # aliased: ORDER BY "k" must sort by the column, not by an output column of that name (its text)
-        sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(sql.Identifier(k), sql.Identifier(f"__pgpoll_k{i}"))
-                           for i, k in enumerate(t.key)),
-        _relation_sql(t))
-    # Every value is a literal in the text and no parameters are passed: a '%' in a key stays a '%'.
-    order = sql.SQL(" ORDER BY {} OFFSET {} LIMIT 1").format(
-        sql.SQL(", ").join(sql.Identifier(k) for k in t.key), sql.Literal(chunk_rows - 1))
-    chunks: list[ChunkSpec] = []
-    lo: tuple[Any, ...] | None = None
-    while True:
-        where = sql.SQL("") if lo is None else sql.SQL(" WHERE {} > {}").format(key, _bound(lo))
-        with pinned_transaction(conn) as cur:
-            set_timeout(cur, timeout_ms)
-            cur.execute(select + where + order)
-            row = cur.fetchone()
-        if row is None:
-            chunks.append(ChunkSpec(len(chunks), lo, None))
-            return chunks
-        hi = tuple(_json_key(k, v) for k, v in zip(kinds, row, strict=True))
-        chunks.append(ChunkSpec(len(chunks), lo, hi))
-        lo = hi
-
-
-_BLOCKS_SQL = """
-SELECT c.relpages, c.reltuples, pg_relation_size(c.oid) / current_setting('block_size')::bigint
-  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s
-"""
-
-
-def _block_chunks(conn: Any, t: SnapshotTable, chunk_rows: int) -> list[ChunkSpec]:
-    relations = list(t.leaves) if t.partitioned else [(t.schema, t.table)]
-    if not relations:
-        return [ChunkSpec(0)]
-    chunks: list[ChunkSpec] = []
-    with pinned_transaction(conn) as cur:
-        set_timeout(cur, PROBE_TIMEOUT_MS)
-        for rel in relations:
-            cur.execute(_BLOCKS_SQL, rel)
-            row = cur.fetchone()
-            relpages, reltuples, nblocks = row if row is not None else (0, -1, 0)
-            per_block = reltuples / relpages if relpages and reltuples and reltuples > 0 else _DEFAULT_ROWS_PER_BLOCK
-            step = max(1, int(chunk_rows / max(per_block, 1.0)))
-            first = 0
-            while True:
-                end = first + step
-                if end >= int(nblocks):
-                    chunks.append(ChunkSpec(len(chunks), relation=rel, blocks=(first, None)))
-                    break
-                chunks.append(ChunkSpec(len(chunks), relation=rel, blocks=(first, end)))
-                first = end
-    return chunks
-
-
-
-def _where(t: SnapshotTable, chunk: ChunkSpec) -> sql.Composable:
-    parts: list[sql.Composable] = []
+def _where(t: SnapshotTable, chunk: ChunkSpec, extra: tuple[str, ...] = ()) -> str:
+    parts: list[str] = []
     if chunk.lo is not None:
-        parts.append(sql.SQL("{} > {}").format(_key_sql(t), _bound(chunk.lo)))
+        parts.append(f"{_key_text(t)} > {_bound_text(chunk.lo)}")
     if chunk.hi is not None:
-        parts.append(sql.SQL("{} <= {}").format(_key_sql(t), _bound(chunk.hi)))
+        parts.append(f"{_key_text(t)} <= {_bound_text(chunk.hi)}")
     if chunk.blocks is not None:
-        parts.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({int(chunk.blocks[0])},0)")))
+        parts.append(f"ctid >= '({int(chunk.blocks[0])},0)'::tid")
         if chunk.blocks[1] is not None:
-            parts.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({int(chunk.blocks[1])},0)")))
+            parts.append(f"ctid < '({int(chunk.blocks[1])},0)'::tid")
+    parts.extend(extra)
     if t.row_filter:
-        parts.append(sql.SQL("({})").format(sql.SQL(t.row_filter)))  # the server's own text (pg_get_expr)
-    return sql.SQL(" AND ").join(parts) if parts else sql.SQL("true")
+        parts.append(f"({t.row_filter})")  # the server's own text (pg_get_expr)
+    return " AND ".join(parts) if parts else "true"
 
 
-def copy_sql(t: SnapshotTable, chunk: ChunkSpec) -> sql.Composable:
-    """``COPY (SELECT cols FROM rel WHERE ...) TO STDOUT (FORMAT csv)`` for one chunk."""
-    columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in t.columns)
-    return sql.SQL("COPY (SELECT {} FROM {} WHERE {}) TO STDOUT WITH (FORMAT csv)").format(
-        columns, _relation_sql(t, chunk.relation), _where(t, chunk))
+def copy_sql(t: SnapshotTable, chunk: ChunkSpec, extra: tuple[str, ...] = ()) -> str:
+    """``COPY (SELECT cols FROM rel WHERE ...) TO STDOUT (FORMAT csv)`` for one chunk (no parameters)."""
+    columns = ", ".join(double_quote(c.name) for c in t.columns)
+    where = _where(t, chunk, extra)
+    return f"COPY (SELECT {columns} FROM {relation_text(t, chunk.relation)} WHERE {where}) TO STDOUT WITH (FORMAT csv)"
+
+
+#: Kinds whose cast to text is the type's output function (no pg_cast entry to text), read as ``col::text``;
+#: other kinds not read natively go through ``format('%s', col)``, which always calls the output function.
+_IO_TEXT_KINDS = frozenset({"numeric", "uuid", "json", "jsonb", "interval", "time", "timetz", "macaddr", "macaddr8"})
+
+
+def _selected(name: str, kind: str, native: bool) -> str:
+    col = double_quote(name)
+    if native:
+        return col
+    if kind in _IO_TEXT_KINDS:
+        return f"{col}::text AS {col}"
+    return f"CASE WHEN {col} IS NULL THEN NULL ELSE pg_catalog.format('%s', {col}) END AS {col}"
+
+
+def binary_copy_query(t: SnapshotTable, chunk: ChunkSpec, native: tuple[bool, ...], extra: tuple[str, ...] = ()) -> str:
+    """The SELECT of one chunk read in binary (the driver runs it as ``COPY (...) TO STDOUT (FORMAT binary)``):
+    ``native`` columns as they are, the others as the server's text of them (see the module docstring)."""
+    columns = ", ".join(_selected(c.name, c.type.kind, nat) for c, nat in zip(t.columns, native, strict=True))
+    return f"SELECT {columns} FROM {relation_text(t, chunk.relation)} WHERE {_where(t, chunk, extra)}"
+
+
+def written_since(xid: int) -> str:
+    """A condition true for every tuple written by transaction ``xid`` (full id) or a later one, subtransactions
+    included (a subtransaction's id follows its parent's), in PostgreSQL's circular xid order.
+
+    ``age(x)`` is the distance of ``x`` from the next transaction id, the same reference for every row of a
+    statement; frozen and bootstrap ids are the oldest of all (``age`` gives them ``2^31 - 1``).
+    """
+    return f"age(xmin) <= age({sql_literal(str(xid & 0xFFFFFFFF))}::xid)"
 
 
 def parse_csv(data: bytes | memoryview, names: tuple[str, ...]) -> pa.Table:

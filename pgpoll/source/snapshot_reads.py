@@ -10,10 +10,13 @@ the change stream"):
   it also pins the session settings and returns ``pg_current_snapshot()``
   and the table's file node. Materialize applies exactly the changes whose
   transaction that snapshot does not see.
-* Rows are fetched with ``COPY (SELECT ...) TO STDOUT (FORMAT csv)``: the
-  server's output functions under the pinned settings, the same text both
+* Rows are fetched here with ``COPY (SELECT ...) TO STDOUT (FORMAT csv)``:
+  the server's output functions under the pinned settings, the same text both
   plugins print, at COPY speed, parsed by pyarrow's CSV reader with every
   column a string (an unquoted empty field is NULL, a quoted one ``''``).
+  This is the path without ADBC (and for client-side row filters); chunk
+  tasks read in binary through ADBC otherwise
+  (:mod:`pgpoll.source.snapshot_fetch`, the same transaction).
 * Chunk bounds compare the replica-identity key by row comparison (``lo <
   key <= hi``), found by keyset probes. A shared snapshot (one
   ``pg_export_snapshot()`` imported by every chunk) is split by ctid block
@@ -50,7 +53,8 @@ from pgpoll.source.connection import connect, resolve_dsn
 from pgpoll.source.server_errors import translate
 from pgpoll.source.session import SESSION_SETTINGS, pinned_transaction
 from pgpoll.source.snapshot_catalog import SnapshotTable
-from pgpoll.source.snapshot_chunks import PROBE_TIMEOUT_MS, ChunkSpec, copy_sql, parse_csv, plan_chunks, set_timeout, stream_csv
+from pgpoll.source.snapshot_chunks import copy_sql, parse_csv, stream_csv
+from pgpoll.source.snapshot_plans import PROBE_TIMEOUT_MS, ChunkSpec, plan_chunks, set_timeout
 from pgpoll.xids import Snapshot, parse_snapshot
 
 APPLICATION_NAME = "pgpoll-snapshot"
@@ -131,7 +135,7 @@ class ChunkRead:
 
 # A partitioned table has no storage of its own (pg_relation_filenode is NULL): the sum of its leaves'.
 # pg_partition_tree lists nothing for a table outside any partition tree.
-_FILENODE_SQL = (
+FILENODE_SQL = (
     "SELECT COALESCE(pg_relation_filenode(r)::bigint, (SELECT sum(pg_relation_filenode(relid)::bigint) "
     "FROM pg_partition_tree(r) WHERE isleaf), 0)::bigint FROM CAST(%s AS regclass) AS r"
 )
@@ -139,7 +143,7 @@ _FILENODE_SQL = (
 # (set_config(..., true), as pgpoll.source.session does) and returns the snapshot.
 _FIRST_QUERY = (
     "SELECT " + ", ".join("set_config(%s, %s, true)" for _ in SESSION_SETTINGS)
-    + ", pg_current_snapshot()::text, (" + _FILENODE_SQL + ")"
+    + ", pg_current_snapshot()::text, (" + FILENODE_SQL + ")"
 )
 _FIRST_PARAMS = tuple(part for item in SESSION_SETTINGS.items() for part in item)
 
@@ -185,9 +189,10 @@ SELECT l.pid, a.application_name, a.xact_start
 
 
 def lock_timeout_error(conn: Any, t: SnapshotTable, lock_timeout_ms: int) -> LockTimeoutError:
-    """The error for a timed-out lock on ``t``, naming the session that holds (or queues for) the conflicting lock."""
+    """The error for a timed-out lock on ``t``, naming the session that holds (or queues for) the conflicting lock
+    (asked on ``conn``, a psycopg2 connection; ``None``: not named)."""
     pid = app = since = None
-    with contextlib.suppress(psycopg2.Error), conn.cursor() as cur:
+    with contextlib.suppress(psycopg2.Error, AttributeError), conn.cursor() as cur:
         cur.execute(_BLOCKER_SQL, (t.quoted_name, t.quoted_name))
         row = cur.fetchone()
         if row is not None:
@@ -209,11 +214,17 @@ def lock_timeout_error(conn: Any, t: SnapshotTable, lock_timeout_ms: int) -> Loc
 
 @dataclass
 class ChunkStream:
-    """One chunk being read: its snapshot, the table's file node then, and its text columns in batches."""
+    """One chunk being read: its snapshot, the table's file node then, and its columns in batches.
+
+    ``native`` says, per column, whether it was read in binary (an Arrow
+    value for :func:`pgpoll.typed.native_values.native_to_typed`) rather than
+    as the server's text; empty: every column is text.
+    """
 
     snapshot: Snapshot
     relfilenode: int
     batches: Iterator[pa.RecordBatch]
+    native: tuple[bool, ...] = ()
 
 
 @contextlib.contextmanager
@@ -226,6 +237,7 @@ def stream_chunk(
     exported: str | None = None,
     exported_relfilenode: int | None = None,
     statement_timeout_ms: int = READ_TIMEOUT_MS,
+    extra: tuple[str, ...] = (),
 ) -> Iterator[ChunkStream]:
     """Read one chunk in its own transaction (see the module docstring); one attempt.
 
@@ -238,7 +250,7 @@ def stream_chunk(
     :class:`TableRewrittenError` when, with ``exported``, the table's file
     node is no longer ``exported_relfilenode`` (it was rewritten after the
     shared snapshot: reading through that snapshot would see the new files),
-    other server errors translated.
+    other server errors translated. ``extra``: more conditions on the rows (SQL text).
     """
     conn = connect(resolve_dsn(dsn), application_name=APPLICATION_NAME, autocommit=True)
     try:
@@ -259,7 +271,7 @@ def stream_chunk(
                     "table is not being rewritten",
                     relation=t.qualified_name,
                 )
-            statement = copy_sql(t, chunk).as_string(conn)
+            statement = copy_sql(t, chunk, extra)
 
             def batches() -> Iterator[pa.RecordBatch]:
                 try:
@@ -332,7 +344,7 @@ class SharedSnapshot:
                     # queue the application's ALTER TABLE or TRUNCATE behind it, and every query behind those.
                     cur.execute("SAVEPOINT pgpoll_lock")
                     _lock(self._conn, cur, self.table, self.lock_timeout_ms)
-                    cur.execute("SELECT pg_current_snapshot()::text, (" + _FILENODE_SQL + ")", (self.table.quoted_name,))
+                    cur.execute("SELECT pg_current_snapshot()::text, (" + FILENODE_SQL + ")", (self.table.quoted_name,))
                     text, relfilenode = cur.fetchone()
                     cur.execute("ROLLBACK TO SAVEPOINT pgpoll_lock")
                     cur.execute("RELEASE SAVEPOINT pgpoll_lock")

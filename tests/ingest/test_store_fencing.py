@@ -248,7 +248,7 @@ def _duckdb_count(path: str, store: StoreBucket) -> int:
 def _polars_rows(path: str, store: StoreBucket) -> list[tuple[Any, ...]]:
     import polars as pl
 
-    options = open_output(path).location.delta_options()  # type: ignore[attr-defined]
+    options = open_output(path).location.storage_options()  # type: ignore[attr-defined]
     frame = pl.scan_delta(path, storage_options=options).select("id", "v").sort("id").collect()
     return [tuple(r) for r in frame.iter_rows()]
 

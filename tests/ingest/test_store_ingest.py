@@ -42,7 +42,7 @@ def test_changes_land_on_s3_once_fenced_and_listed_by_the_delta_log(
     dt = DeltaTable(table.uri or "", storage_options=table.options)
     assert dt.transaction_version(APP_ID) == max(r.seq for r in records if r.partition)
     assert dt.version() == len([r for r in records if r.partition]) - 1  # one version per batch with rows
-    listed = {u.rsplit("/changes/", 1)[1] for u in dt.file_uris()}
+    listed = {u.rsplit("/changes/", 1)[1] for u in dt.file_uris()}  # checkout-paths: data
     assert listed == {f"{r.partition}/{f}" for r in records if r.partition for f in r.files}
     frame = read_changes(spark, s3_bucket.url)  # Spark without any Hadoop connector
     assert frame.count() == 270 and frame.where("op = 'D'").count() == 10

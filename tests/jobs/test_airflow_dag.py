@@ -1,12 +1,15 @@
 """``jobs/airflow/pgpoll_dag.py`` in a real Airflow 3: the DAG folder loads, ``airflow dags test`` lands the changes.
 
 Then the ``materialize`` task writes their current state; a busy slot, a missing ``materialize`` configuration
-and configuration errors end the tasks skipped, or failed without retries, as the DAG's docstring says.
+and configuration errors end the tasks skipped, or failed without retries, as :mod:`pgpoll.airflow` says.
 
 Opt-in: Airflow pins many packages, so it lives in its own virtualenv
 (``make airflow-venv`` builds ``.venv-airflow``; ``PGPOLL_AIRFLOW_VENV`` points
 elsewhere). Set ``PGPOLL_TEST_AIRFLOW=1`` to run these tests; with it set and
-no Airflow venv, they fail rather than skip.
+no Airflow venv, they fail rather than skip. The DAG folder holds only the DAG
+file, as a user's does; its operators (:mod:`pgpoll.airflow.operators`) come
+from pgpoll installed in that venv without its dependencies, as a user installs
+it (``make airflow-venv`` does, editable: this checkout's code).
 """
 
 from __future__ import annotations
@@ -47,6 +50,12 @@ def airflow(tmp_path: Path) -> Any:
     """``airflow(*args, env=...)`` from the Airflow venv, with a fresh AIRFLOW_HOME and SQLite database."""
     binary = AIRFLOW_VENV / "bin" / "airflow"
     assert binary.exists(), f"no Airflow at {binary}: run `make airflow-venv` (or set PGPOLL_AIRFLOW_VENV)"
+    found = subprocess.run([str(AIRFLOW_VENV / "bin" / "python"), "-c", "import pgpoll.airflow; print(pgpoll.__file__)"],
+                           capture_output=True, text=True, timeout=60)
+    assert found.returncode == 0 and Path(found.stdout.strip()).resolve() == REPO / "pgpoll" / "__init__.py", (
+        f"the Airflow venv {AIRFLOW_VENV} does not import this checkout's pgpoll.airflow: run `make airflow-venv` "
+        f"(it installs pgpoll there, editable, without its dependencies): {found.stdout}{found.stderr[-2000:]}"
+    )
     home = tmp_path / "airflow"
     bindir = tmp_path / "bin"  # spark-submit on PATH, as the provider requires
     bindir.mkdir()

@@ -22,9 +22,7 @@ def _delta(out: Path) -> DeltaTable:
 
 def _listed(out: Path) -> set[str]:
     table = _delta(out)
-    return {u.rsplit("/changes/", 1)[1] for u in table.file_uris()}
-
-
+    return {u.rsplit("/changes/", 1)[1] for u in table.file_uris()}  # checkout-paths: data
 def test_an_output_written_before_the_delta_log_gains_it_with_every_committed_batch(tmp_path: Path) -> None:
     first = write_v1(tmp_path, 0x100, 0x200, files=2)  # written by pgpoll 0.x: no file sizes in the record
     second = write_v1(tmp_path, 0x201, 0x300)

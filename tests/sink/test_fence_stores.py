@@ -46,9 +46,7 @@ def _keys(sink: BatchSink, *parts: str) -> set[str]:
 def _delta_files(sink: BatchSink) -> set[str]:
     table = ChangeTable(sink.fs)
     dt = DeltaTable(table.uri or "", storage_options=table.options)
-    return {uri.rsplit("/changes/", 1)[1] for uri in dt.file_uris()}
-
-
+    return {uri.rsplit("/changes/", 1)[1] for uri in dt.file_uris()}  # checkout-paths: data
 def test_the_winner_publishes_in_place_and_its_delta_version_lists_the_batch(s3_bucket: StoreBucket, tmp_path: Path) -> None:
     sink = BatchSink(None, s3_bucket.url, run="a")
     assert sink.fs.direct_writes

@@ -170,7 +170,7 @@ def test_start_up_reads_the_same_files_for_a_hundred_batches_and_for_thousands(t
     for fs in seen.values():
         listed = {path for op, path in fs.calls if op == "list"}
         assert listed == {layout.STAGING}, listed  # neither commits/, checkpoints/, changes/ nor tables/
-        reads = [path for op, path in fs.calls if op == "read_text"]
+        reads = [path for op, path in fs.calls if op in ("read_text", "read_tagged")]
         assert reads[0] == f"{layout.META}/{POINTER}" and reads[1].startswith(f"{layout.CHECKPOINTS}/seq-")
         assert len(reads) == 2 * (2 + 7)  # pointer, checkpoint, the 7 records after it; summarize reads them again
     assert seen["small"].ops() == seen["large"].ops()  # the same calls, whatever the number of batches

@@ -59,7 +59,7 @@ def _fill(db: Any, seed: int, statements: int) -> Workload:
     db.execute("INSERT INTO t_toast SELECT 100000 + g, repeat(md5(g::text), 400), 'old' FROM generate_series(1, 30) g")
     db.execute("INSERT INTO t_full VALUES (1, 'dup'), (1, 'dup'), (2, NULL)")
     db.execute("INSERT INTO t_trunc SELECT 200000 + g, 'v' FROM generate_series(1, 40) g")
-    # no TOASTable column: read in chunks, one snapshot per chunk
+    # no TOASTable column: read in chunks, one snapshot per chunk, and no recheck
     db.execute("CREATE TABLE t_narrow (id int PRIMARY KEY, n bigint, u uuid)")
     db.execute("INSERT INTO t_narrow SELECT g, g * 7, md5(g::text)::uuid FROM generate_series(1, 120) g")
     return work
@@ -145,7 +145,8 @@ def test_snapshot_and_changes_mirror_the_source(db: Any, spark: Any, tmp_path: P
         assert by_name[table]["snapshot"]["complete"] is True and by_name[table]["snapshot"]["converged"] is True
     plan = json.loads(next((out / "_pgpoll" / "snapshots").glob("*/plan.json")).read_text())
     modes = {t["table"]: t["mode"] for t in plan["tables"]}
-    assert modes["t_narrow"] == "chunked" and modes["t_toast"] == "shared"
+    assert modes["t_narrow"] == "chunked" and modes["t_toast"] == "chunked" and modes["t_full"] == "shared"
+    assert {t["table"] for t in plan["tables"] if t["rechecks"]} >= {"t_toast"}
 
 
 @pytest.mark.parametrize("plugin", ["test_decoding", "pgoutput"])

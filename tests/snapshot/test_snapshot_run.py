@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from pgpoll.cli.main import cli
 from pgpoll.sink.filesystem import open_output
 from pgpoll.sink.snapshot_store import SnapshotStore, latest_complete, table_lease
+from pgpoll.snapshot.chunk_task import PAUSE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -135,7 +136,9 @@ def test_ctrl_c_stops_at_once_keeping_finished_chunks_and_the_rerun_reads_only_t
     db: Any, spark: Any, tmp_path: Path
 ) -> None:
     args, out = _setup(db, tmp_path, rows=3_000)
-    env = dict(os.environ, PGPOLL_DSN=db.dsn, PYSPARK_PYTHON=sys.executable)
+    gate = tmp_path / "gate"  # (the chunk tasks wait for a go-ahead file each: PAUSE_ENV, tests only)
+    gate.mkdir()
+    env = dict(os.environ, PGPOLL_DSN=db.dsn, PYSPARK_PYTHON=sys.executable, **{PAUSE_ENV: str(gate)})
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "jobs" / "snapshot.py"), *args, "--chunk-rows", "50", "--parallelism", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
@@ -143,7 +146,9 @@ def test_ctrl_c_stops_at_once_keeping_finished_chunks_and_the_rerun_reads_only_t
     try:
         deadline = time.monotonic() + 120
         manifests = "_pgpoll/snapshots/*/public.t/chunk-*.json"  # checkout-paths: data
-        while not list(Path(out).glob(manifests)) and time.monotonic() < deadline:
+        for n in range(3):  # three chunks finish, the fourth waits: the stop lands in the middle of the table
+            (gate / f"public.t.{n}.go").write_text("")
+        while len(list(Path(out).glob(manifests))) < 3 and time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches every process of the job

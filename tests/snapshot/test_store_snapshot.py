@@ -42,7 +42,7 @@ def test_a_snapshot_on_s3_and_the_state_built_on_it(db: Any, s3_bucket: StoreBuc
     assert summary["status"] == "ok" and summary["rows"] == 650 and summary["chunks"] >= 4
     found = latest_complete(open_output(out), "public", "items")
     assert found is not None and len(found.chunk_paths()) == summary["chunks"]
-    assert all("/chunk=" in p and "/_attempts/" not in p for p in found.chunk_paths())
+    assert all("/chunk=" in p and "/_attempts/" not in p for p in found.chunk_paths())  # checkout-paths: data
     fs = open_output(out)
     assert all(fs.exists(p) for p in found.chunk_paths())
     dest = s3_bucket.child("state")

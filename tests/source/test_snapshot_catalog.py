@@ -91,10 +91,11 @@ def test_schema_ids_equal_what_the_typed_tables_compute(db_any: Any, plugin: str
         assert tables[name].table_schema == schema, name
         assert tables[name].table_schema.schema_id == schema.schema_id, name
     wide, full, idx = tables["wide"], tables["full_t"], tables["idx_t"]
-    # the key orders as in Spark, but TOASTable columns beside it make the table shared (see snapshot_catalog)
-    assert (wide.key, wide.key_kinds, wide.mode) == (("b", "a"), ("text", "int4"), SHARED)
+    # the key orders as in Spark: chunks, TOASTable columns beside it or not; those make a recheck
+    assert (wide.key, wide.key_kinds, wide.mode, wide.recheck) == (("b", "a"), ("text", "int4"), CHUNKED, True)
     assert (full.key, full.identity, full.mode, full.warning) == ((), "f", SHARED, None)
-    assert (idx.key, idx.mode) == (("z", "u"), CHUNKED)
+    assert "REPLICA IDENTITY FULL" in full.mode_reason
+    assert (idx.key, idx.mode, idx.recheck) == (("z", "u"), CHUNKED, False)  # (a key's value is never left unchanged)
     assert "g" not in wide.names if plugin == "pgoutput" else "g" in wide.names
 
 
@@ -119,12 +120,23 @@ def test_modes_follow_whether_spark_orders_the_key_as_postgresql(db: Any) -> Non
     finally:
         conn.close()
     assert {n: t.mode for n, t in got.items()} == {
-        "k_int": CHUNKED, "k_toast": SHARED, "k_plain": CHUNKED, "k_num": SHARED,
+        "k_int": CHUNKED, "k_toast": CHUNKED, "k_plain": CHUNKED, "k_num": SHARED,
         "k_text_c": CHUNKED,  # the test cluster's default collation is C
         "k_text_utf8": SHARED, "k_float": SHARED, "k_none": SHARED, "k_nothing": SHARED,
     }
+    assert {n for n, t in got.items() if t.recheck} == {"k_toast"}  # the one chunked table with a TOASTable column
     assert got["k_none"].key == () and "cannot be matched" in (got["k_none"].warning or "")
     assert got["k_nothing"].key == () and got["k_nothing"].warning
+    assert "only the server knows its order" in got["k_num"].mode_reason and "numeric" in got["k_num"].mode_reason
+    assert "libc collation C.utf8" in got["k_text_utf8"].mode_reason
+    assert "orders alike" in got["k_int"].mode_reason
+    conn = connect(resolve_dsn(db.dsn))
+    try:
+        forced = snapshot_tables(conn, plugin="test_decoding", publications=[], patterns=TablePatterns(("k_int",)),
+                                 mode="shared")
+    finally:
+        conn.close()
+    assert [(t.mode, t.mode_reason, t.recheck) for t in forced] == [(SHARED, "--mode shared", False)]
 
 
 def test_a_database_with_a_non_c_default_collation_reads_text_keys_shared(db: Any) -> None:

@@ -136,6 +136,28 @@ def test_key_ranges_cover_every_row_exactly_once(db: Any, ddl: str, fill: str) -
     assert sorted(int(r[2]) for r in rows) == list(range(1, 601))
 
 
+@pytest.mark.parametrize("ddl,fill", [
+    ("(id bigint PRIMARY KEY, v int)", "SELECT g * 3, g FROM generate_series(1, 20000) g"),  # histogram, cut finer
+    ('(id text COLLATE "C" PRIMARY KEY, v int)', "SELECT md5(g::text), g FROM generate_series(1, 20000) g"),  # histogram
+    ("(a int, b uuid, v int, PRIMARY KEY (a, b))", "SELECT g % 13, gen_random_uuid(), g FROM generate_series(1, 20000) g"),
+])
+def test_large_tables_are_cut_at_their_statistics_into_ranges_that_cover_every_row(db: Any, ddl: str, fill: str) -> None:
+    """No probe per chunk: the key's histogram (one column) or a block sample (composite keys) gives the bounds."""
+    db.execute(f"CREATE TABLE big {ddl}")
+    db.execute(f"INSERT INTO big {fill}")
+    db.execute("ANALYZE big")
+    t = _table(db, "big")
+    conn = connect(resolve_dsn(db.dsn))
+    try:
+        chunks = plan_chunks(conn, t, 500)
+    finally:
+        conn.close()
+    assert 25 <= len(chunks) <= 45 and chunks[0].lo is None and chunks[-1].hi is None
+    assert all(c.lo == p.hi for p, c in itertools.pairwise(chunks))
+    sizes = [read_chunk(db.dsn, t, c, lock_timeout_ms=2000).texts.num_rows for c in chunks]
+    assert sum(sizes) == 20000 and max(sizes) < 1500  # about 500 each
+
+
 def test_a_chunk_records_the_snapshot_its_rows_were_read_under(db: Any) -> None:
     db.execute("CREATE TABLE s (id int PRIMARY KEY)")
     db.execute("INSERT INTO s VALUES (1)")

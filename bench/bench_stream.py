@@ -1,0 +1,195 @@
+"""Benchmark: a Spark stream's availableNow drain against ``pgpoll ingest`` of the same backlog.
+
+On one throwaway server, one backlog (``--changes`` changes in transactions
+of ``--txn-rows`` rows) and a pair of slots per run, side by side:
+
+* **stream**: a Spark application (this file with ``--run-query``, its own
+  process, as a scheduled job) running ``spark.readStream.format("pgpoll")``
+  with ``trigger(availableNow=True)`` into a Parquet file sink, with the
+  source's defaults (one batch for the whole backlog; ``--max-rows`` sets
+  ``maxRowsPerTrigger``);
+* **ingest**: ``jobs/ingest.py`` with ``PGPOLL_DRIVER_BATCH_WAL=0``, so every
+  batch is a Spark job too (the default ``--batch-changes``);
+
+each net of its own empty run (the same process on a slot with nothing to
+speak of: Spark's start-up, and a first Spark job: ingest's empty run ends
+with its heartbeat batch, a Spark job here; the stream's reads one one-row
+transaction, as a stream with nothing at all runs no batch), medians of
+``--repeat`` runs, and the ratio stream / ingest (goal <= 1.5x). A first
+Spark job in a fresh JVM costs seconds (class loading, JIT, Python workers),
+which both empty runs include. The stream finds where each batch
+ends with a decode on the driver (the server aggregates the peek and ships
+one row: :mod:`pgpoll.source.commit_boundaries`); that decode is inside the
+stream's time, and is also shown on its own (the same call on the backlog,
+without Spark).
+
+    python bench/bench_stream.py [--changes 1000000] [--plugin pgoutput] [--repeat 3] [--txn-rows 10000] [--max-rows N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+
+from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ingest import _fill, _fresh_table, _slot, _sql  # noqa: E402 (the same backlog as the ingest benchmark)
+
+
+def run_query(spec: dict[str, Any]) -> None:
+    """The stream application (``--run-query``): drain one slot with availableNow into a Parquet sink."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import pgpoll.spark
+
+    spark = (SparkSession.builder.appName("pgpoll-bench-stream").config("spark.ui.enabled", "false")
+             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    pgpoll.spark.register(spark)
+    reader = spark.readStream.format("pgpoll").option("slot", spec["slot"])
+    if spec.get("publication"):
+        reader = reader.option("publication", spec["publication"])
+    if spec.get("maxRowsPerTrigger"):
+        reader = reader.option("maxRowsPerTrigger", str(spec["maxRowsPerTrigger"]))
+    query = (reader.load().writeStream.format("parquet").option("path", spec["path"])
+             .option("checkpointLocation", spec["checkpoint"]).trigger(availableNow=True).start())
+    query.awaitTermination()
+    rows = sum(p["numInputRows"] for p in query.recentProgress)
+    print(json.dumps({"rows": rows, "batches": sum(1 for p in query.recentProgress if p["numInputRows"])}))
+    spark.stop()
+
+
+def _stream(dsn: str, slot: str, plugin: str, work: Path, max_rows: int | None) -> tuple[float, dict[str, Any]]:
+    spec = {"slot": slot, "path": str(work / f"sink_{slot}"), "checkpoint": str(work / f"ck_{slot}"),
+            "publication": "bench_pub" if plugin == "pgoutput" else None, "maxRowsPerTrigger": max_rows}
+    env = dict(os.environ, PGPOLL_DSN=dsn, PYSPARK_PYTHON=sys.executable)
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "--run-query", json.dumps(spec)], capture_output=True, text=True,
+                          env=env)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"stream failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    shutil.rmtree(spec["path"], ignore_errors=True)
+    shutil.rmtree(spec["checkpoint"], ignore_errors=True)
+    return seconds, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _ingest(dsn: str, slot: str, plugin: str, work: Path) -> tuple[float, dict[str, Any]]:
+    args = [sys.executable, str(REPO / "jobs" / "ingest.py"), "--slot", slot, "--output", str(work / f"out_{slot}")]
+    if plugin == "pgoutput":
+        args += ["--publication", "bench_pub"]
+    env = dict(os.environ, PGPOLL_DSN=dsn, PYSPARK_PYTHON=sys.executable, PGPOLL_DRIVER_BATCH_WAL="0")
+    started = time.perf_counter()
+    proc = subprocess.run(args, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"ingest failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    shutil.rmtree(work / f"out_{slot}", ignore_errors=True)
+    return seconds, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _boundary_decode(dsn: str, slot: str, plugin: str) -> float:
+    """The driver's decode that finds the single batch's end, on its own (no Spark)."""
+    from pgpoll.lsn import Lsn
+    from pgpoll.source import slots
+    from pgpoll.source.commit_boundaries import next_boundary
+    from pgpoll.source.connection import connect, resolve_dsn
+
+    conn = connect(resolve_dsn(dsn))
+    try:
+        options = slots.peek_options(plugin, publications=["bench_pub"] if plugin == "pgoutput" else None)
+        after = Lsn(slots.get_slot(conn, slot).confirmed_flush_lsn or 0)
+        started = time.perf_counter()
+        next_boundary(conn, slot, plugin, options, after=after)
+        return time.perf_counter() - started
+    finally:
+        conn.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--changes", type=int, default=1_000_000)
+    parser.add_argument("--plugin", choices=["pgoutput", "test_decoding"], default="pgoutput")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--txn-rows", type=int, default=10_000)
+    parser.add_argument("--max-rows", type=int, default=None, help="the stream's maxRowsPerTrigger (default: none)")
+    parser.add_argument("--run-query", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run_query:
+        run_query(json.loads(args.run_query))
+        return
+    found = find_bindirs()
+    inst = found.get(15) or found[max(found)]
+    cluster = ThrowawayCluster(inst, settings={"max_wal_size": "4GB", "work_mem": "64MB"}).start()
+    work = Path(tempfile.mkdtemp(prefix="pgpoll-bench-stream-"))
+    load_before = os.getloadavg()[0]
+    try:
+        dsn = cluster.dsn()
+        conn = psycopg2.connect(dsn)
+        conn.autocommit = True
+        _fresh_table(conn)
+        runs = range(args.repeat)
+        for run in runs:
+            for kind in ("str", "ing", "dec"):
+                _slot(conn, f"{kind}_{run}", args.plugin)
+        _fill(conn, args.changes, args.txn_rows)
+        for run in runs:
+            _slot(conn, f"nst_{run}", args.plugin)
+        _fill(conn, 1, 1, start=args.changes)  # the stream's "empty" run reads this one change (see the docstring)
+        for run in runs:
+            _slot(conn, f"nin_{run}", args.plugin)
+        results = []
+        for run in runs:
+            decode_s = _boundary_decode(dsn, f"dec_{run}", args.plugin)
+            empty_stream_s, _ = _stream(dsn, f"nst_{run}", args.plugin, work, args.max_rows)
+            stream_s, stream_summary = _stream(dsn, f"str_{run}", args.plugin, work, args.max_rows)
+            empty_ingest_s, _ = _ingest(dsn, f"nin_{run}", args.plugin, work)
+            ingest_s, ingest_summary = _ingest(dsn, f"ing_{run}", args.plugin, work)
+            if stream_summary["rows"] != ingest_summary["changes"]:
+                raise SystemExit(f"the stream read {stream_summary['rows']} changes, ingest wrote {ingest_summary['changes']}")
+            results.append({
+                "decode_s": decode_s, "stream_s": stream_s, "empty_stream_s": empty_stream_s, "ingest_s": ingest_s,
+                "empty_ingest_s": empty_ingest_s, "stream_net_s": stream_s - empty_stream_s,
+                "ingest_net_s": ingest_s - empty_ingest_s, "batches": stream_summary["batches"],
+                "ingest_batches": ingest_summary["batches"],
+                "ratio": (stream_s - empty_stream_s) / max(ingest_s - empty_ingest_s, 1e-9),
+            })
+            for kind in ("str", "ing", "dec", "nst", "nin"):
+                _sql(conn, "SELECT pg_drop_replication_slot(%s)", (f"{kind}_{run}",))
+        conn.close()
+
+        def m(key: str) -> float:
+            return float(statistics.median(r[key] for r in results))
+
+        print(f"PostgreSQL {inst.version}, plugin {args.plugin}, backlog {args.changes:,} changes in {args.txn_rows:,}-row "
+              f"transactions; medians of {args.repeat} run(s); {os.cpu_count()} cores, load average {load_before:.1f} "
+              f"before, {os.getloadavg()[0]:.1f} after")
+        limit = f"maxRowsPerTrigger {args.max_rows:,}" if args.max_rows else "no maxRowsPerTrigger"
+        print(f"  stream, availableNow into a Parquet sink ({limit}, {m('batches'):.0f} batch(es)): "
+              f"{m('stream_s'):.2f} s, empty run {m('empty_stream_s'):.2f} s, net {m('stream_net_s'):.2f} s")
+        print(f"  of which the driver's decode finding the batch end (alone, no Spark): {m('decode_s'):.2f} s")
+        print(f"  pgpoll ingest, PGPOLL_DRIVER_BATCH_WAL=0 ({m('ingest_batches'):.0f} batches, each a Spark job): "
+              f"{m('ingest_s'):.2f} s, empty run {m('empty_ingest_s'):.2f} s, net {m('ingest_net_s'):.2f} s")
+        print(f"  stream / ingest, each net of its empty run: {m('ratio'):.2f}x (goal <= 1.5x); per run: "
+              + ", ".join(f"{r['ratio']:.2f}x ({r['stream_net_s']:.1f} s / {r['ingest_net_s']:.1f} s)" for r in results))
+    finally:
+        cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

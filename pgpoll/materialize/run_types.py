@@ -1,0 +1,49 @@
+"""What a materialize run is asked and what it reports: :class:`MaterializeOptions` and :class:`TableState`.
+
+Both are imported from :mod:`pgpoll.materialize.run` as well, where the run
+that takes the one and returns the other lives.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MaterializeOptions:
+    """The options of ``pgpoll materialize`` and ``jobs/materialize.py``."""
+
+    output: str
+    tables: tuple[str, ...] = ()
+    exclude_tables: tuple[str, ...] = ()
+    to: str | None = None
+    full: bool = False
+    catalog: str | None = None  # --format iceberg: the pyiceberg catalog's name (pgpoll.materialize.iceberg_catalog)
+
+
+@dataclass
+class TableState:
+    """What a run did for one table (printed by the CLI)."""
+
+    table: str
+    path: str
+    rows: int
+    position: str | None
+    mode: str  # full, incremental or unchanged
+    batches: int = 0
+    warnings: list[str] = field(default_factory=list)
+    format: str = "parquet"
+    version: int | None = None  # the Delta table's version (--format delta)
+    snapshot: dict[str, Any] | None = None  # {"id", "complete", "converged"} of the snapshot the state is built on
+    engine: str | None = None  # what computed the state: "driver" or "spark" (None: nothing to compute)
+
+    def to_json(self) -> str:
+        """One line of JSON (``version`` only for Delta, ``engine`` only when a state was computed)."""
+        out = asdict(self)
+        for optional in ("version", "engine"):
+            if out[optional] is None:
+                del out[optional]
+        return json.dumps(out, sort_keys=True)
+
