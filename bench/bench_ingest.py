@@ -1,29 +1,36 @@
-"""Benchmark: drain a backlog end to end and compare with the server's own decode time.
+"""Benchmark: drain a backlog end to end, as users run it, and compare with the server's own decode time.
 
-Prints, from runs on one throwaway server, side by side: the server's decode
-time (``count(*)`` over the same peek, the fastest of three), ``pg_recvlogical`` writing the same
-backlog to a file, pgpoll end to end (a real ``jobs/ingest.py`` process, as
-users run it: on a local Spark and a local output its batches run in the
-driver and no Spark starts), plain and with ``--typed-tables``, pgpoll's time
-for an empty run, and the two gate metrics of the throughput issue:
+Prints, from runs on one throwaway server, side by side on the same backlog
+(each run on a slot of its own): the server's decode time (``count(*)`` over
+the same peek, the fastest of three), ``pg_recvlogical`` writing the same
+backlog to a file, and pgpoll end to end as a real ``jobs/ingest.py``
+process (on a local Spark and a local output its batches run in the
+driver and no Spark starts):
 
-* **gate** = (drain time - empty run) / server decode (goal <= 3x);
-* **typed / plain** = (typed drain - empty run) / (plain drain - empty run) (goal <= 1.25x).
+* **at the default options** (no batch option at all: what a user catching
+  up after a weekend runs) — the gate: (drain - an empty run) / server decode
+  (goal <= 2x), the number of batches, the process's peak RSS;
+* **as one batch** (``--batch-changes`` three times the backlog, the figure
+  earlier rounds published);
+* at the defaults with ``--typed-tables``: typed / plain, both net of the
+  empty run (goal <= 1.25x);
+* at the defaults with every batch a Spark job (``PGPOLL_DRIVER_BATCH_WAL=0``,
+  what ``spark-submit`` to a cluster does with a large batch), against an
+  empty run of that kind;
+* with ``--baseline DIR`` (a checkout of another pgpoll, e.g. ``git worktree
+  add /tmp/base main``), that tree's defaults and one batch on the same
+  backlog, run by this interpreter with ``PYTHONPATH=DIR``: before and after
+  in one run.
 
-Also the same drain with every batch a Spark job (``PGPOLL_DRIVER_BATCH_WAL=0``,
-what ``spark-submit`` to a cluster does with a large batch) against an empty
-run of that kind (Spark's start-up and a first job).
+``--memory-rows N`` also drains one transaction of N rows at the default
+options and reports the process's peak RSS (the bound a run's memory keeps
+whatever the backlog). ``--skip-task`` leaves out where the time goes inside
+the batch task (no Spark, same peek: decode alone, then with pyarrow's
+writer); ``--repeat N`` takes medians.
 
-Where the time goes, in this process without Spark on the same peek: the
-batch task's fetch + decode + Arrow columns alone, and the same plus pyarrow's
-Parquet writer (the task's own writer, ``pgpoll.ingest.task.write_batch``).
-Also the batch task's peak memory for one 200k-row and one 2M-row transaction
-(goal: the 2M one at most 1.25x the 200k one). ``--writer spark`` runs pgpoll
-with ``PGPOLL_WRITER=spark`` (Spark's Parquet writer behind ``mapInArrow``,
-the fallback path) to compare the two writers; ``--repeat N`` takes medians.
-
-    python bench/bench_ingest.py [--changes 1000000] [--plugin pgoutput] [--repeat 1] [--writer auto|spark]
-                                 [--skip-memory] [--skip-typed] [--skip-task] [--txn-rows 10000]
+    python bench/bench_ingest.py [--changes 1000000] [--plugin pgoutput] [--txn-rows 10000] [--repeat 3]
+                                 [--writer auto|spark] [--baseline DIR] [--memory-rows 10000000]
+                                 [--skip-typed] [--skip-spark] [--skip-task]
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import psycopg2
 from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs
 
 REPO = Path(__file__).resolve().parents[1]
+SETTINGS = {"max_wal_size": "4GB", "work_mem": "64MB"}
 
 
 def _sql(conn: Any, query: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -53,19 +61,30 @@ def _sql(conn: Any, query: str, params: Any = None) -> list[tuple[Any, ...]]:
         return cur.fetchall() if cur.description else []
 
 
-def _ingest(dsn: str, slot: str, output: str, plugin: str, batch: int, *extra: str,
-            writer: str = "auto", env_extra: dict[str, str] | None = None) -> tuple[float, dict[str, Any]]:
-    args = [sys.executable, str(REPO / "jobs" / "ingest.py"), "--slot", slot, "--output", output, "--batch-changes", str(batch)]
+def ingest_run(dsn: str, slot: str, output: str, plugin: str, *extra: str, tree: Path = REPO, writer: str = "auto",
+               env_extra: dict[str, str] | None = None, keep: bool = False) -> tuple[float, dict[str, Any], int]:
+    """One ``jobs/ingest.py`` process of ``tree``: (seconds, its summary, its peak RSS in kB); the output is
+    removed after it unless ``keep``."""
+    args = [sys.executable, str(tree / "jobs" / "ingest.py"), "--slot", slot, "--output", output, *extra]
     if plugin == "pgoutput":
         args += ["--publication", "bench_pub"]
-    args += list(extra)
     env = dict(os.environ, PGPOLL_DSN=dsn, PYSPARK_PYTHON=sys.executable, PGPOLL_WRITER=writer, **(env_extra or {}))
-    started = time.perf_counter()
-    proc = subprocess.run(args, capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - started
+    if tree != REPO:
+        env["PYTHONPATH"] = str(tree)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(args, stdout=out, stderr=err, text=True, env=env)
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if not keep:
+        shutil.rmtree(output, ignore_errors=True)
     if proc.returncode != 0:
-        raise SystemExit(f"ingest failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return seconds, json.loads(proc.stdout.strip().splitlines()[-1])
+        raise SystemExit(f"ingest failed ({proc.returncode}): {stderr[-2000:]}")
+    return seconds, json.loads(stdout.strip().splitlines()[-1]), int(usage.ru_maxrss)
 
 
 def _slot(conn: Any, name: str, plugin: str) -> None:
@@ -85,9 +104,26 @@ def _fill(conn: Any, rows: int, per_txn: int, start: int = 0) -> None:
         _sql(conn, "INSERT INTO bench SELECT g, g * 2, 'name-' || g, g * 1.5, now() FROM generate_series(%s, %s) g", (lo, hi))
 
 
+def _server_decode(conn: Any, slot: str, plugin: str) -> tuple[float, int]:
+    """The fastest of three ``count(*)`` over the slot's whole peek (the first read may come from disk)."""
+    if plugin == "pgoutput":
+        peek = ("SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
+                "'proto_version', '1', 'publication_names', 'bench_pub', 'messages', 'true')")
+    else:
+        peek = ("SELECT count(*) FROM pg_logical_slot_peek_changes(%s, NULL, NULL, 'include-xids', '1', "
+                "'include-timestamp', '1')")
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        rows = _sql(conn, peek, (slot,))[0][0]
+        times.append(time.perf_counter() - started)
+    return min(times), int(rows)
+
+
 def measure_task(dsn: str, slot: str, plugin: str, work: Path) -> dict[str, float]:
     """The batch task without Spark on ``slot`` (peeked, never advanced): decode alone, then decode + pyarrow write."""
-    from pgpoll.ingest.task import BatchOutcome, BatchSpec, iter_batch, write_batch
+    from pgpoll.ingest.batch_writes import write_batch
+    from pgpoll.ingest.task import BatchOutcome, BatchSpec, iter_batch
     from pgpoll.sink.parquet_writer import StagingTarget
     from pgpoll.source.slots import peek_options
 
@@ -111,104 +147,118 @@ def measure_task(dsn: str, slot: str, plugin: str, work: Path) -> dict[str, floa
 
 def measure_backlog(
     cluster: ThrowawayCluster, changes: int, plugin: str, work: Path, run: int = 0, *, typed: bool = True,
-    task: bool = True, writer: str = "auto", txn_rows: int = 10_000,
+    spark: bool = True, task: bool = True, writer: str = "auto", txn_rows: int = 10_000, baseline: Path | None = None,
 ) -> dict[str, Any]:
-    """Server decode, pg_recvlogical and pgpoll end to end on one backlog (``run`` keeps slot names apart).
+    """Every measurement of the module docstring on one backlog (``run`` keeps slot names apart).
 
-    ``typed`` adds a ``--typed-tables`` drain of the same backlog; ``task``
-    the batch task's own times without Spark (:func:`measure_task`).
+    Ratios are taken per run (each over this run's server decode and empty run) before any median.
     """
     dsn = cluster.dsn()
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     _fresh_table(conn)
-    tag = f"{plugin[:2]}{changes}r{run}"
-    for name in (f"srv_{tag}", f"rcv_{tag}", f"pgp_{tag}", f"drv_{tag}", *([f"typ_{tag}"] if typed else [])):
-        _slot(conn, name, plugin)
+    tag = f"{plugin[:2]}{changes}t{txn_rows}r{run}"
+    drains = ["srv", "rcv", "def", "one", *(["typ"] if typed else []), *(["drv"] if spark else []),
+              *(["bdef", "bone"] if baseline is not None else [])]
+    empties = ["nil", *(["njb"] if spark else []), *(["bnil"] if baseline is not None else [])]
+    for name in drains:
+        _slot(conn, f"{name}_{tag}", plugin)
     _fill(conn, changes, txn_rows)
-    _slot(conn, f"nil_{tag}", plugin)  # empty slots: measure runs with nothing to do
-    _slot(conn, f"njb_{tag}", plugin)
+    for name in empties:  # empty slots: runs with nothing to do (their restart_lsn is past the backlog)
+        _slot(conn, f"{name}_{tag}", plugin)
     end_lsn = _sql(conn, "SELECT pg_current_wal_lsn()::text")[0][0]
-
-    if plugin == "pgoutput":
-        peek = (
-            "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, "
-            "'proto_version', '1', 'publication_names', 'bench_pub', 'messages', 'true')"
-        )
-    else:
-        peek = "SELECT count(*) FROM pg_logical_slot_peek_changes(%s, NULL, NULL, 'include-xids', '1', 'include-timestamp', '1')"
-    times = []
-    for _ in range(3):  # the first read of the WAL may come from disk: the fastest of three, the strict denominator
-        started = time.perf_counter()
-        rows = _sql(conn, peek, (f"srv_{tag}",))[0][0]
-        times.append(time.perf_counter() - started)
-    server_s = min(times)
+    wal_mib = _sql(conn, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn) / 1048576.0 "
+                         "FROM pg_replication_slots WHERE slot_name = %s", (f"srv_{tag}",))[0][0]
+    server_s, rows = _server_decode(conn, f"srv_{tag}", plugin)
 
     recv = shutil.which("pg_recvlogical", path=str(cluster.installation.bindir)) or shutil.which("pg_recvlogical")
     recv_s = None
     if recv:
-        cmd = [
-            recv, "-d", dsn, "--slot", f"rcv_{tag}", "--start", "--endpos", end_lsn, "--no-loop",
-            "-f", str(work / f"{tag}.out"),
-        ]
+        cmd = [recv, "-d", dsn, "--slot", f"rcv_{tag}", "--start", "--endpos", end_lsn, "--no-loop",
+               "-f", str(work / f"{tag}.out")]
         if plugin == "pgoutput":
             cmd += ["-o", "proto_version=1", "-o", "publication_names=bench_pub"]
         started = time.perf_counter()
         subprocess.run(cmd, check=True, capture_output=True)
         recv_s = time.perf_counter() - started
+        (work / f"{tag}.out").unlink(missing_ok=True)
 
-    empty_s, _ = _ingest(dsn, f"nil_{tag}", str(work / f"nil_{tag}"), plugin, changes * 3, writer=writer)
-    # the fixed cost of a run that starts Spark: its batches as Spark jobs even when small
-    empty_job_s, _ = _ingest(dsn, f"njb_{tag}", str(work / f"njb_{tag}"), plugin, changes * 3, writer=writer,
-                             env_extra={"PGPOLL_DRIVER_BATCH_WAL": "0"})
-    full_s, summary = _ingest(dsn, f"pgp_{tag}", str(work / f"pgp_{tag}"), plugin, changes * 3, writer=writer)
-    shutil.rmtree(work / f"pgp_{tag}", ignore_errors=True)
-    # the same drain with every batch a Spark job (spark-submit on a cluster, or PGPOLL_DRIVER_BATCH_WAL=0)
-    spark_s, _ = _ingest(dsn, f"drv_{tag}", str(work / f"drv_{tag}"), plugin, changes * 3, writer=writer,
-                         env_extra={"PGPOLL_DRIVER_BATCH_WAL": "0"})
-    shutil.rmtree(work / f"drv_{tag}", ignore_errors=True)
+    def run_on(name: str, *extra: str, **kw: Any) -> tuple[float, dict[str, Any], int]:
+        return ingest_run(dsn, f"{name}_{tag}", str(work / f"{name}_{tag}"), plugin, *extra, writer=writer, **kw)
+
+    one_batch = ("--batch-changes", str(changes * 3))
+    no_jobs = {"PGPOLL_DRIVER_BATCH_WAL": "0"}
+    empty_s, _, _ = run_on("nil")
+    full_s, summary, rss_kb = run_on("def")
+    one_s, one_summary, one_rss_kb = run_on("one", *one_batch)
     result: dict[str, Any] = {}
     if typed:
-        typed_s, typed_summary = _ingest(dsn, f"typ_{tag}", str(work / f"typ_{tag}"), plugin, changes * 3,
-                                         "--typed-tables", writer=writer)
-        shutil.rmtree(work / f"typ_{tag}", ignore_errors=True)
-        result.update(typed_s=typed_s, typed_net_s=typed_s - empty_s, typed_batch_s=typed_summary["batch_seconds"],
-                      typed_ratio=(typed_s - empty_s) / max(full_s - empty_s, 1e-9))
+        typed_s, _, _ = run_on("typ", "--typed-tables")
+        result.update(typed_s=typed_s, typed_ratio=(typed_s - empty_s) / max(full_s - empty_s, 1e-9))
+    if spark:
+        empty_job_s, _, _ = run_on("njb", env_extra=no_jobs)  # Spark's start-up and a first job
+        spark_s, spark_summary, _ = run_on("drv", env_extra=no_jobs)
+        result.update(pgpoll_empty_job_s=empty_job_s, spark_s=spark_s, spark_ratio=(spark_s - empty_job_s) / server_s,
+                      spark_batches=spark_summary["batches"])
+    if baseline is not None:
+        base_empty_s, _, _ = run_on("bnil", tree=baseline)
+        base_s, base_summary, base_rss_kb = run_on("bdef", tree=baseline)
+        base_one_s, _, _ = run_on("bone", *one_batch, tree=baseline)
+        result.update(base_empty_s=base_empty_s, base_s=base_s, base_ratio=(base_s - base_empty_s) / server_s,
+                      base_batches=base_summary["batches"], base_rss_mib=base_rss_kb / 1024, base_one_s=base_one_s,
+                      base_one_ratio=(base_one_s - base_empty_s) / server_s)
     if task:
         result.update(measure_task(dsn, f"srv_{tag}", plugin, work))
-    for name in (f"srv_{tag}", f"rcv_{tag}", f"nil_{tag}", f"njb_{tag}", f"pgp_{tag}", f"drv_{tag}",
-                 *([f"typ_{tag}"] if typed else [])):
-        _sql(conn, "SELECT pg_drop_replication_slot(%s)", (name,))  # leave no slot pinning WAL for the next run
+    for name in drains + empties:
+        _sql(conn, "SELECT pg_drop_replication_slot(%s)", (f"{name}_{tag}",))  # no slot pins WAL for the next run
     conn.close()
-    net = full_s - empty_s
     result.update({
-        "plugin": plugin, "changes": changes, "peek_rows": rows, "server_s": server_s, "recvlogical_s": recv_s,
-        "pgpoll_s": full_s, "pgpoll_empty_s": empty_s, "pgpoll_empty_job_s": empty_job_s, "pgpoll_net_s": net,
-        "ratio": net / server_s, "spark_s": spark_s, "spark_ratio": (spark_s - empty_job_s) / server_s,
-        "written": summary["changes"], "batch_s": summary["batch_seconds"], "writer": summary.get("writer"),
-        "fetch": summary.get("fetch"),
+        "plugin": plugin, "changes": changes, "txn_rows": txn_rows, "peek_rows": rows, "wal_mib": float(wal_mib),
+        "server_s": server_s, "recvlogical_s": recv_s, "pgpoll_s": full_s, "pgpoll_empty_s": empty_s,
+        "ratio": (full_s - empty_s) / server_s, "batches": summary["batches"], "batch_s": summary["batch_seconds"],
+        "rss_mib": rss_kb / 1024, "one_s": one_s, "one_ratio": (one_s - empty_s) / server_s,
+        "one_batches": one_summary["batches"], "one_rss_mib": one_rss_kb / 1024, "written": summary["changes"],
+        "writer": summary.get("writer"), "fetch": summary.get("fetch"),
     })
     return result
 
 
-def measure_memory(cluster: ThrowawayCluster, rows: int, plugin: str, work: Path, writer: str = "auto") -> int:
-    """Peak RSS (kB) of the batch task for one transaction of ``rows`` rows."""
+def measure_memory(cluster: ThrowawayCluster, rows: int, plugin: str, work: Path, writer: str = "auto",
+                   baseline: Path | None = None) -> dict[str, float]:
+    """Peak RSS (MiB) of a run at the default options draining one transaction of ``rows`` rows (and the baseline's)."""
     dsn = cluster.dsn()
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     _fresh_table(conn)
-    slot = f"mem_{plugin[:2]}_{rows}"
-    _slot(conn, slot, plugin)
+    slots = {"mem": REPO, **({"bmem": baseline} if baseline is not None else {})}
+    for name in slots:
+        _slot(conn, f"{name}_{plugin[:2]}_{rows}", plugin)
     _fill(conn, rows, rows)
+    found: dict[str, float] = {}
+    for name, tree in slots.items():
+        slot = f"{name}_{plugin[:2]}_{rows}"
+        seconds, summary, rss_kb = ingest_run(dsn, slot, str(work / slot), plugin, tree=tree, writer=writer)
+        found[f"{name}_rss_mib"] = rss_kb / 1024
+        found[f"{name}_s"] = seconds
+        if summary["changes"] != rows:
+            raise SystemExit(f"{slot}: {summary['changes']} changes written, {rows} expected")
+        _sql(conn, "SELECT pg_drop_replication_slot(%s)", (slot,))
+    _fresh_table(conn)  # the rows go; their WAL is recycled at the next checkpoints
     conn.close()
-    _s, summary = _ingest(dsn, slot, str(work / slot), plugin, rows * 3, writer=writer)
-    return int(summary["task_peak_rss_kb"])
+    return found
 
 
 def median(runs: list[dict[str, Any]], key: str) -> float | None:
     """The median of ``key`` over the runs that have it."""
     values = [r[key] for r in runs if r.get(key) is not None]
     return statistics.median(values) if values else None
+
+
+def start_cluster() -> tuple[ThrowawayCluster, Any]:
+    """A throwaway PostgreSQL 15 (else the newest found) with room for the backlogs' WAL."""
+    found = find_bindirs()
+    inst = found.get(15) or found[max(found)]
+    return ThrowawayCluster(inst, settings=SETTINGS).start(), inst
 
 
 def main() -> None:
@@ -218,22 +268,27 @@ def main() -> None:
     parser.add_argument("--plugin", choices=["pgoutput", "test_decoding"], default="pgoutput")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--writer", choices=["auto", "pyarrow", "spark"], default="auto")
-    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--baseline", type=Path, default=None, help="another pgpoll checkout, run side by side")
+    parser.add_argument("--memory-rows", type=int, default=0, help="also drain one transaction of N rows (peak RSS)")
     parser.add_argument("--skip-typed", action="store_true")
+    parser.add_argument("--skip-spark", action="store_true")
     parser.add_argument("--skip-task", action="store_true")
     parser.add_argument("--txn-rows", type=int, default=10_000, help="rows per transaction of the backlog")
     args = parser.parse_args()
-    found = find_bindirs()
-    inst = found.get(15) or found[max(found)]
-    cluster = ThrowawayCluster(inst, settings={"max_wal_size": "4GB", "work_mem": "64MB"}).start()
+    cluster, inst = start_cluster()
     work = Path(tempfile.mkdtemp(prefix="pgpoll-bench-"))
     load_before = os.getloadavg()[0]
     try:
-        runs = [
-            measure_backlog(cluster, args.changes, args.plugin, work, run, typed=not args.skip_typed,
-                            task=not args.skip_task, writer=args.writer, txn_rows=args.txn_rows)
-            for run in range(args.repeat)
-        ]
+        runs = []
+        for run in range(args.repeat):
+            r = measure_backlog(cluster, args.changes, args.plugin, work, run, typed=not args.skip_typed,
+                                spark=not args.skip_spark, task=not args.skip_task, writer=args.writer,
+                                txn_rows=args.txn_rows, baseline=args.baseline)
+            runs.append(r)
+            print(f"  run {run + 1}: server {r['server_s']:.2f} s, defaults {r['pgpoll_s']:.2f} s "
+                  f"({r['ratio']:.2f}x), one batch {r['one_s']:.2f} s ({r['one_ratio']:.2f}x)"
+                  + (f", baseline defaults {r['base_s']:.2f} s ({r['base_ratio']:.2f}x)" if args.baseline else "")
+                  + f"; load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
         r = runs[0]
 
         def m(key: str) -> float:
@@ -241,35 +296,38 @@ def main() -> None:
             return float("nan") if value is None else value
 
         print(f"PostgreSQL {inst.version}, plugin {r['plugin']}, backlog {r['changes']:,} changes in "
-              f"{args.txn_rows:,}-row transactions ({r['peek_rows']:,} peek rows), writer {r['writer']}, fetch "
-              f"{r['fetch']}; medians of {args.repeat} run(s); {os.cpu_count()} cores, load average "
-              f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+              f"{args.txn_rows:,}-row transactions ({r['peek_rows']:,} peek rows, {r['wal_mib']:.0f} MiB of WAL), "
+              f"writer {r['writer']}, fetch {r['fetch']}; medians of {args.repeat} run(s); {os.cpu_count()} cores, "
+              f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
         print(f"  server decode (count(*) over the peek): {m('server_s'):.2f} s")
         if median(runs, "recvlogical_s") is not None:
             print(f"  pg_recvlogical to a file:               {m('recvlogical_s'):.2f} s")
-        print(f"  pgpoll empty run:                       {m('pgpoll_empty_s'):.2f} s (as users run it: no Spark "
-              f"on a local output)")
-        print(f"  pgpoll drain, plain:                    {m('pgpoll_s'):.2f} s (batches {m('batch_s'):.2f} s)")
+        print(f"  pgpoll empty run:                       {m('pgpoll_empty_s'):.2f} s")
+        print(f"  GATE, default options: drain {m('pgpoll_s'):.2f} s in {m('batches'):.0f} batch(es), "
+              f"(drain - empty run) / server {m('ratio'):.2f}x (goal <= 2x), peak RSS {m('rss_mib'):.0f} MiB")
+        print(f"  one batch (--batch-changes {3 * r['changes']}): drain {m('one_s'):.2f} s, {m('one_ratio'):.2f}x")
         if not args.skip_typed:
-            print(f"  pgpoll drain, --typed-tables:           {m('typed_s'):.2f} s (batches {m('typed_batch_s'):.2f} s)")
-        gate = f"  GATE (drain - empty run) / server:      {m('ratio'):.2f}x (goal <= 3x)"
-        if not args.skip_typed:
-            gate += f"   |   typed / plain (net of the empty run): {m('typed_ratio'):.2f}x (goal <= 1.25x)"
-        print(gate)
-        print(f"  every batch a Spark job (PGPOLL_DRIVER_BATCH_WAL=0, as under spark-submit on a cluster): empty run "
-              f"{m('pgpoll_empty_job_s'):.2f} s, drain {m('spark_s'):.2f} s, (drain - empty) / server "
-              f"{m('spark_ratio'):.2f}x")
+            print(f"  --typed-tables at the defaults: drain {m('typed_s'):.2f} s, typed / plain (net of the empty run) "
+                  f"{m('typed_ratio'):.2f}x (goal <= 1.25x)")
+        if not args.skip_spark:
+            print(f"  every batch a Spark job (PGPOLL_DRIVER_BATCH_WAL=0), defaults: empty run "
+                  f"{m('pgpoll_empty_job_s'):.2f} s, drain {m('spark_s'):.2f} s, (drain - empty) / server "
+                  f"{m('spark_ratio'):.2f}x")
+        if args.baseline is not None:
+            print(f"  baseline {args.baseline}: empty run {m('base_empty_s'):.2f} s; defaults: drain {m('base_s'):.2f} s in "
+                  f"{m('base_batches'):.0f} batch(es), {m('base_ratio'):.2f}x, peak RSS {m('base_rss_mib'):.0f} MiB; "
+                  f"one batch {m('base_one_s'):.2f} s, {m('base_one_ratio'):.2f}x")
         if not args.skip_task:
             print(f"  where the time goes (no Spark, same peek, {r['task_rows']:,} rows): task fetch+decode+Arrow "
-                  f"{m('task_decode_s'):.2f} s; the same with pyarrow's Parquet write (on its thread) {m('task_write_s'):.2f} s; "
-                  f"the rest of the "
-                  f"plain drain's batch time (publish, advance, end-of-run heartbeat) {m('batch_s') - m('task_write_s'):.2f} s")
+                  f"{m('task_decode_s'):.2f} s; the same with pyarrow's Parquet write {m('task_write_s'):.2f} s")
         print(f"  changes written: {r['written']:,}")
-        if not args.skip_memory:
-            small = measure_memory(cluster, 200_000, args.plugin, work, args.writer)
-            large = measure_memory(cluster, 2_000_000, args.plugin, work, args.writer)
-            print(f"  task peak RSS, one 200k-row transaction: {small / 1024:.0f} MiB; one 2M-row transaction: "
-                  f"{large / 1024:.0f} MiB = {large / small:.2f}x (goal <= 1.25x)")
+        if args.memory_rows:
+            mem = measure_memory(cluster, args.memory_rows, args.plugin, work, args.writer, args.baseline)
+            line = (f"  one {args.memory_rows:,}-row transaction at the defaults: peak RSS {mem['mem_rss_mib']:.0f} MiB "
+                    f"({mem['mem_s']:.1f} s)")
+            if args.baseline is not None:
+                line += f"; baseline {mem['bmem_rss_mib']:.0f} MiB ({mem['bmem_s']:.1f} s)"
+            print(line)
     finally:
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)

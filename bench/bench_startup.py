@@ -108,7 +108,7 @@ def measure_fs(name: str, make_fs: Callable[[str], OutputFs], outputs: dict[int,
 def measure_ingest(outputs: dict[int, Path], repeat: int) -> dict[tuple[str, int], float]:
     """An empty ``jobs/ingest.py`` run per output on a throwaway server (test_decoding, an empty slot)."""
     import psycopg2
-    from bench_ingest import _ingest, _slot
+    from bench_ingest import _slot, ingest_run
 
     from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs
 
@@ -123,7 +123,8 @@ def measure_ingest(outputs: dict[int, Path], repeat: int) -> dict[tuple[str, int
             _slot(conn, f"empty_{batches}", "test_decoding")
         for _ in range(repeat):  # interleaved, so a change of load hits both sizes alike
             for batches, root in outputs.items():
-                seconds, _summary = _ingest(cluster.dsn(), f"empty_{batches}", str(root), "test_decoding", 1000)
+                seconds, _summary, _rss = ingest_run(cluster.dsn(), f"empty_{batches}", str(root), "test_decoding",
+                                                     keep=True)
                 runs[batches].append(seconds)
         conn.close()
         out = {("empty jobs/ingest.py run (Spark's start included)", b): statistics.median(r) for b, r in runs.items()}

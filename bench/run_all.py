@@ -4,9 +4,14 @@ Each benchmark starts its own throwaway PostgreSQL and prints its figures and
 ratios; nothing here asserts anything (tests assert correctness, benchmarks
 measure speed). ``PGPOLL_BENCH_CHANGES`` sets the largest backlog (default 1M),
 ``PGPOLL_BENCH_REPEAT`` the runs per measurement (default 3). The ingest
-report (``bench/report.py``) shows the gate metric — drain time minus an empty
-run, over the server's decode — and ``--typed-tables`` over plain side by side,
-and is saved as ``bench/results/report.md``. ``PGPOLL_WRITER=spark`` measures
+report (``bench/report.py``) shows the gate metric at the default options —
+drain time minus an empty run, over the server's decode — beside the
+one-batch figure, ``--typed-tables`` over plain, every batch a Spark job and
+peak RSS, for pgoutput and test_decoding in 10,000-row transactions and
+pgoutput in one transaction, then the peak RSS of one
+``PGPOLL_BENCH_MEMORY_ROWS``-row transaction (default 10M); it is saved as
+``bench/results/report.md``. ``PGPOLL_BENCH_BASELINE=DIR`` (another pgpoll
+checkout) adds that tree's figures on the same backlogs. ``PGPOLL_WRITER=spark`` measures
 Spark's Parquet writer (the fallback path) instead of the task's pyarrow one.
 ``bench_stream.py`` sets a Spark stream's availableNow drain
 (``spark.readStream.format("pgpoll")``) beside ``pgpoll ingest`` with every
@@ -30,7 +35,9 @@ def main() -> int:
     runs = [
         [sys.executable, str(HERE / "bench_decode.py"), "--changes", changes],
         [sys.executable, str(HERE / "bench_test_decoding.py"), "--lines", changes],
-        [sys.executable, str(HERE / "report.py"), "--sizes", f"100000,{changes}", "--repeat", repeat],
+        [sys.executable, str(HERE / "report.py"), "--changes", changes, "--repeat", repeat,
+         "--memory-rows", os.environ.get("PGPOLL_BENCH_MEMORY_ROWS", "10000000"),
+         *(["--baseline", os.environ["PGPOLL_BENCH_BASELINE"]] if os.environ.get("PGPOLL_BENCH_BASELINE") else [])],
         [sys.executable, str(HERE / "bench_typed.py"), "--changes", "100000"],
         [sys.executable, str(HERE / "bench_startup.py"), "--batches", "10,10000", "--repeat", repeat],
         [sys.executable, str(HERE / "bench_snapshot.py"), "--rows", os.environ.get("PGPOLL_BENCH_SNAPSHOT_ROWS", "2000000"),

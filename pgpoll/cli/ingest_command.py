@@ -7,8 +7,9 @@ import logging
 import click
 
 from pgpoll.cli.job_runner import run_job
-from pgpoll.cli.options import csv_values, dsn_option
+from pgpoll.cli.options import ByteSize, csv_values, dsn_option
 from pgpoll.cli.progress import Progress
+from pgpoll.ingest.batch_bounds import BATCH_WAL
 from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
 
 
@@ -25,8 +26,12 @@ from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
 @click.option("--max-changes", type=click.IntRange(min=1), default=None, help="Stop after about this many changes.")
 @click.option("--max-batches", type=click.IntRange(min=1), default=None, help="Stop after this many batches.")
 @click.option("--max-seconds", type=click.FloatRange(min=0), default=None, help="Start no new batch after this many seconds.")
-@click.option("--batch-changes", type=click.IntRange(min=1), default=200_000, show_default=True,
-              help="Peek at most about this many rows per batch (upto_nchanges; one transaction more at most).")
+@click.option("--batch-changes", type=click.IntRange(min=1), default=None,
+              help="Also peek at most about this many rows per batch (upto_nchanges; one transaction more at most). "
+                   "Default: no row limit, batches are bounded by --batch-wal.")
+@click.option("--batch-wal", type=ByteSize(), default=BATCH_WAL, envvar="PGPOLL_BATCH_WAL", show_envvar=True,
+              help="Peek at most about this much WAL per batch (upto_lsn; a larger transaction still makes one batch). "
+                   "0: no WAL bound.  [default: 1GB]")
 @click.option("--typed-tables", is_flag=True, default=False, envvar="PGPOLL_TYPED_TABLES",
               help="Also write each table's typed changes under OUTPUT/tables/<schema>.<table>/ (same commit).")
 @click.option("--row-filter", "row_filters", multiple=True, metavar="'SCHEMA.TABLE: (EXPR)'",
@@ -34,8 +39,8 @@ from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
 @dsn_option
 def command(slot: str, output: str, plugin: str, publications: tuple[str, ...], tables: tuple[str, ...],
             exclude_tables: tuple[str, ...], max_changes: int | None, max_batches: int | None,
-            max_seconds: float | None, batch_changes: int, typed_tables: bool, row_filters: tuple[str, ...],
-            dsn: str | None) -> None:
+            max_seconds: float | None, batch_changes: int | None, batch_wal: int, typed_tables: bool,
+            row_filters: tuple[str, ...], dsn: str | None) -> None:
     """Drain SLOT into Parquet under OUTPUT, advancing the slot only after each batch is committed.
 
     Prints one JSON line (the run summary) on stdout; logs go to stderr.
@@ -46,8 +51,8 @@ def command(slot: str, output: str, plugin: str, publications: tuple[str, ...], 
     opts = IngestOptions(
         slot=slot, output=output, plugin=plugin, publications=publications, tables=tables,
         exclude_tables=exclude_tables, max_changes=max_changes, max_batches=max_batches,
-        max_seconds=max_seconds, batch_changes=batch_changes, typed_tables=typed_tables, row_filters=row_filters,
-        dsn=dsn,
+        max_seconds=max_seconds, batch_changes=batch_changes, batch_wal=batch_wal, typed_tables=typed_tables,
+        row_filters=row_filters, dsn=dsn,
     )
     progress = Progress()
     run_job(

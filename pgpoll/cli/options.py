@@ -37,3 +37,23 @@ def json_option(func: F) -> F:
 def csv_values(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
     """Callback for repeatable options that also take comma lists (``--tables a,b --tables c``)."""
     return tuple(p.strip() for v in value for p in v.split(",") if p.strip())
+
+
+_UNITS = {"": 1, "b": 1, "kb": 1 << 10, "kib": 1 << 10, "mb": 1 << 20, "mib": 1 << 20, "gb": 1 << 30, "gib": 1 << 30,
+          "tb": 1 << 40, "tib": 1 << 40}
+
+
+class ByteSize(click.ParamType[int]):
+    """A number of bytes: ``1073741824``, ``256MB``, ``1GB`` (units of 1024, as PostgreSQL reads memory settings)."""
+
+    name = "bytes"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().replace(" ", "")
+        number = text.rstrip("kKmMgGtTiIbB")
+        unit = text[len(number):].lower()
+        if not number.isdigit() or unit not in _UNITS:
+            self.fail(f"{value!r} is not a size: give bytes, or a number with kB, MB, GB or TB (e.g. 256MB)", param, ctx)
+        return int(number) * _UNITS[unit]

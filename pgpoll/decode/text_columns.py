@@ -10,7 +10,9 @@ prefix, separator or value, the separators' bytes must be exactly the
 layout's and the values' bytes become one Arrow string array in the map's
 order. Each value is checked against the grammar test_decoding prints
 (``print_literal``, as :mod:`pgpoll.decode.text_values` reads it) with an
-anchored RE2 match, and unquoted with Arrow compute.
+anchored RE2 match, and unquoted with Arrow compute. The separators and values are copied out of
+the buffer by Arrow ``take`` s over the lines seen as consecutive pieces, not
+by masks over every byte.
 
 Exact, not approximate: every separator ends in ``]:``, so one pass over
 the bytes finds them all; a line where that pair turns up more or less often
@@ -31,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pgpoll.decode.pgoutput_columns import PeekChunk
+from pgpoll.decode.pgoutput_columns import PeekChunk, repeated_keys
 
 __all__ = ["insert_run_after", "same_prefix_run"]
 
@@ -40,7 +42,6 @@ _BARE = r"null|true|false|NaN|-?Infinity|[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE
 _TOKEN = r"^(?:'[^']*(?:''[^']*)*'|B'[01]*'|" + _BARE + r")$"
 _BRACKET, _COLON = ord("]"), ord(":")
 _QUOTED = r"^'[^']*(?:''[^']*)*'$"
-_NULL = pa.scalar(None, pa.string())
 
 
 def same_prefix_run(chunk: PeekChunk, lo: int, hi: int, prefix: bytes) -> int:
@@ -81,7 +82,7 @@ def _value(tokens: Any) -> pa.Array[Any] | None:
         values = pc.if_else(bits, pc.utf8_slice_codeunits(tokens, 2, -1), values)
     nulls = pc.equal(tokens, pa.scalar("null"))
     if pc.any(nulls).as_py():
-        values = pc.if_else(nulls, _NULL, values)
+        values = pc.if_else(nulls, pa.scalar(None, pa.string()), values)
     result: pa.Array[Any] = values
     return result
 
@@ -103,45 +104,47 @@ def insert_run_after(
     buf = chunk.buf[base : int(chunk.ends[hi - 1])]
     starts = chunk.starts[lo:hi] - base
     ends = chunk.ends[lo:hi] - base
+    if len(buf) >= 2**31:
+        return None
     separators = [f" {name}[{kind}]:".encode() for name, kind in layout]
     # Every separator ends in "]:"; find them all in one pass over the bytes, skipping the prefix.
-    colon = np.flatnonzero((buf[:-1] == _BRACKET) & (buf[1:] == _COLON)) + 1
+    colon = np.flatnonzero(buf == _COLON)
+    colon = colon[colon > 0]
+    colon = colon[buf[colon - 1] == _BRACKET]
     line = np.searchsorted(starts, colon, side="right") - 1
     keep = colon - starts[line] >= prefix_length
     colon, line = colon[keep], line[keep]
     if len(colon) != n * width or (np.bincount(line, minlength=n) != width).any():
         return None  # a value holds "]:", or the line has another column count: row by row
     found = colon.reshape(n, width)  # positions ascend, lines are in order: row i's are row i of this
-    begins = found - np.array([len(sep) - 1 for sep in separators], np.int64)  # where each separator starts
+    sizes = np.array([len(sep) for sep in separators], np.int64)
+    begins = found - (sizes - 1)  # where each separator starts
     if (begins[:, 0] != starts + prefix_length).any() or (begins[:, 1:] <= found[:, :-1] + 1).any():
         return None
     value_starts = found + 1  # (n, width)
     value_ends = np.empty_like(found)
     value_ends[:, :-1] = begins[:, 1:]
     value_ends[:, -1] = ends
-    lengths = (value_ends - value_starts).ravel()  # row by row, column by column: the map's order
-    if (lengths <= 0).any():
+    if ((value_ends - value_starts) <= 0).any():
         return None
-    # Every byte's part: 0 a separator, 1 a value, 2 the prefix. Each part's bytes, taken
-    # out in the buffer's order, are then the separators (to compare with the layout's) and the values.
-    # each line: the prefix, then a separator and a value per column; their lengths, in the buffer's order
-    pieces = np.empty((n, 1 + 2 * width), np.int64)
-    pieces[:, 0] = prefix_length
-    pieces[:, 1::2] = value_starts - begins
-    pieces[:, 2::2] = value_ends - value_starts
-    kinds = np.tile(np.array([2, *([0, 1] * width)], np.int8), n)
-    part = np.repeat(kinds, pieces.ravel())
-    expected = np.frombuffer(b"".join(separators), np.uint8)
-    seen = buf[part == 0]
-    if len(seen) != n * len(expected) or not (seen.reshape(n, len(expected)) == expected).all():
+    # Each line as consecutive pieces of the buffer — the prefix, then per column its separator and its value —
+    # whose offsets are the buffer's own positions (no copy); Arrow's take copies out the separators (to compare
+    # with the layout's) and the values, in the buffer's order: row by row, column by column, the map's order.
+    per_line = 1 + 2 * width
+    bounds = np.empty((n, per_line), np.int32)
+    bounds[:, 0] = starts
+    bounds[:, 1::2] = begins
+    bounds[:, 2::2] = value_starts
+    offsets = np.append(bounds.ravel(), np.int32(len(buf)))
+    # numpy arrays export the buffer protocol (the stubs do not say so): no copy
+    pieces = pa.Array.from_buffers(pa.binary(), n * per_line, [None, pa.py_buffer(offsets), pa.py_buffer(buf)])  # type: ignore[arg-type]
+    index = np.arange(n * per_line, dtype=np.int32).reshape(n, per_line)
+    seen: Any = pieces.take(index[:, 1::2].ravel())
+    expected = np.frombuffer(b"".join(separators), np.uint8)  # (each separator was cut at the layout's length)
+    if not (np.frombuffer(seen.buffers()[2], np.uint8).reshape(n, len(expected)) == expected).all():
         return None  # another column name or type
-    offsets = np.zeros(n * width + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    if int(offsets[-1]) >= 2**31:
-        return None
-    small: Any = offsets.astype(np.int32)  # numpy arrays export the buffer protocol
-    values: Any = buf[part == 1]
-    tokens: Any = pa.StringArray.from_buffers(n * width, pa.py_buffer(small), pa.py_buffer(values))
+    taken = pieces.take(index[:, 2::2].ravel()).buffers()
+    tokens: Any = pa.Array.from_buffers(pa.string(), n * width, taken)
     try:
         tokens.validate(full=True)  # UTF-8
     except pa.ArrowInvalid:
@@ -149,6 +152,7 @@ def insert_run_after(
     items = _value(tokens)
     if items is None:
         return None
-    keys = pa.array(list(names), pa.string()).take(np.tile(np.arange(width, dtype=np.int32), n))
+    keys = repeated_keys(tuple(names), n)
     map_offsets: Any = pa.array(np.arange(0, n * width + 1, width, dtype=np.int32), pa.int32())
     return pa.MapArray.from_arrays(map_offsets, keys, items)
+

@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from pgpoll.changes import HEARTBEAT_PREFIX, LogicalMessage, Op, RelationInfo, RowChange, RowFields, Truncate, split_row
 from pgpoll.errors import SourceError
-from pgpoll.sink.envelope import ENVELOPE_SCHEMA, ChangeColumns, insert_rows_batch, with_transaction
+from pgpoll.sink.envelope import ENVELOPE_SCHEMA, ChangeColumns, Lsns, insert_rows_batch, with_transaction
 from pgpoll.typed.schemas import CatalogTable, TableSchema, schema_from_columns, schema_from_relation
 from pgpoll.xids import widen_xid
 
@@ -225,7 +225,7 @@ class BatchAssembler:
         if len(self.cols) >= self.rows_per_batch:
             yield from self._flush_if_full()
 
-    def insert_block(self, rel: RelationInfo, lsns: list[int], after: pa.MapArray[Any, Any]) -> Iterator[pa.RecordBatch]:
+    def insert_block(self, rel: RelationInfo, lsns: Lsns, after: pa.MapArray[Any, Any]) -> Iterator[pa.RecordBatch]:
         """INSERTs of one relation decoded column-wise (:mod:`pgpoll.decode.pgoutput_columns`), in peek order.
 
         The same rows :meth:`row_fields` would add one by one; they join the
@@ -249,7 +249,7 @@ class BatchAssembler:
         """
         return self.row_filters is None or not self.row_filters.applies_to(event.schema, event.table)
 
-    def insert_rows_like(self, event: RowChange, lsns: list[int], after: pa.MapArray[Any, Any]) -> Iterator[pa.RecordBatch]:
+    def insert_rows_like(self, event: RowChange, lsns: Lsns, after: pa.MapArray[Any, Any]) -> Iterator[pa.RecordBatch]:
         """test_decoding INSERTs with the table, columns and types of ``event``, decoded column-wise.
 
         The rows :meth:`row_change` would add one by one for the same lines

@@ -32,7 +32,8 @@ from typing import Any
 
 from pgpoll.errors import ConfigError, SinkError, first_line
 from pgpoll.ingest import faults
-from pgpoll.ingest.task import BatchOutcome, BatchSpec, pyarrow_task, spark_task, write_batch_here
+from pgpoll.ingest.batch_writes import pyarrow_task, spark_task, write_batch_here
+from pgpoll.ingest.task import BatchOutcome, BatchSpec
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
 from pgpoll.sink.batches import BatchSink, Plan

@@ -7,9 +7,13 @@ streams Arrow to Spark's writer where pyarrow cannot reach the output); the
 driver then commits it by creating the next commit-log record — the
 compare-and-set that makes a run that lost a race exit 3 — and only then
 advances the slot to the batch's last COMMIT (or non-transactional message)
-LSN. A run that catches up ends with a heartbeat batch, so the slot ends past
-everything it saw. Exactly once rests on that fence, not on the lease, which
-only gives a second run its fast "busy" answer.
+LSN. A batch peeks at most ``--batch-wal`` of WAL (:mod:`pgpoll.ingest.batch_bounds`);
+the batch whose peek reads to the end of WAL is preceded by the run's
+heartbeat and takes it in, so the slot ends past everything the run saw (with
+``--batch-changes`` or ``--max-changes``, where no peek is known to read to
+the end, a run that catches up ends with a heartbeat batch of its own).
+Exactly once rests on that fence, not on the lease, which only gives a
+second run its fast "busy" answer.
 
 Spark starts only when a batch needs it. For a local, ``file:`` or object-store
 output (``s3:``, ``gs:``, ``az:``) the driver reads and writes the output
@@ -37,6 +41,7 @@ from typing import Any
 from pgpoll import stopping
 from pgpoll.errors import ConfigError, PgpollError, PublicationNotFoundError, SinkError, SlotInvalidatedError, WrongPluginError
 from pgpoll.ingest import faults
+from pgpoll.ingest.batch_bounds import BATCH_WAL, batch_bounds
 from pgpoll.ingest.batch_job import StoppedError, driver_batch_wal, run_batch
 from pgpoll.ingest.progress_channel import BatchProgressLog, ProgressListener
 from pgpoll.ingest.task import BatchSpec
@@ -74,7 +79,8 @@ class IngestOptions:
     max_changes: int | None = None
     max_batches: int | None = None
     max_seconds: float | None = None
-    batch_changes: int = 200_000
+    batch_changes: int | None = None  # rows per batch (upto_nchanges); None: bounded by WAL only
+    batch_wal: int = BATCH_WAL  # bytes of WAL per batch (pgpoll.ingest.batch_bounds); 0: no budget
     typed_tables: bool = False
     row_filters: tuple[str, ...] = ()
     dsn: str | None = None
@@ -299,8 +305,9 @@ def run_ingest(
         batches_started = time.monotonic()
         in_reach = own and choose_writer(sink.fs.path(layout.STAGING)) == PYARROW  # the driver can write it
         small_wal = driver_batch_wal(local_master_expected(spark)) if in_reach else 0
-        heartbeat_sent = False  # a run that catches up ends with a heartbeat batch (see below)
+        heartbeat_sent = False  # the run's heartbeat: before a peek that reads to the end, else after catching up
         stats: dict[str, Any] | None = None
+        growth = 1  # the WAL budget's factor: doubled after a bounded peek that found nothing new
         while True:
             if stop is not None and stop.requested:
                 summary.status, summary.exit_code = "interrupted", stop.exit_code
@@ -314,19 +321,25 @@ def run_ingest(
                 remaining = opts.max_changes - summary.changes
                 if remaining <= 0:
                     break
-                limit = min(limit, remaining)
+                limit = remaining if limit is None else min(limit, remaining)
             if keeper is not None:
                 keeper.check()
             plan = sink.plan()  # planned on the commit log's head: it can only become the next record
             hwm = plan.high_water_mark
             number = summary.batches + 1
+            slot_now = control.slot_info()
+            lag = slot_now.lag_bytes
+            bounds = batch_bounds(slot_now, hwm, batch_wal=opts.batch_wal, growth=growth, changes=limit)
+            if bounds.to_end and not heartbeat_sent:  # this peek reads to the end: it takes the heartbeat in too
+                stats = _end_of_run_heartbeat(control, run_id, plugin, opts)
+                heartbeat_sent = True
             spec = BatchSpec(
-                dsn=target.dsn, slot=opts.slot, plugin=plugin, options=options, upto_nchanges=limit,
-                high_water_mark=int(hwm) if hwm is not None else None, tables=patterns, fault=fault,
-                row_filters=tuple(opts.row_filters), typed_tables=opts.typed_tables,
+                dsn=target.dsn, slot=opts.slot, plugin=plugin, options=options, upto_nchanges=bounds.upto_nchanges,
+                upto_lsn=bounds.upto_lsn, high_water_mark=int(hwm) if hwm is not None else None, tables=patterns,
+                fault=fault, row_filters=tuple(opts.row_filters), typed_tables=opts.typed_tables,
                 progress=sparks.progress_address(), batch_number=number, fetch=fetch,
             )
-            in_driver = small_wal > 0 and (lag := control.wal_lag()) is not None and lag <= small_wal
+            in_driver = small_wal > 0 and lag is not None and lag <= small_wal
             if not in_driver:
                 sparks.get()
                 spec = replace(spec, progress=sparks.progress_address())  # the channel executors reach
@@ -340,14 +353,18 @@ def run_ingest(
             summary.writer = outcome.writer
             summary.fetch = outcome.fetch or summary.fetch
             summary.spark_jobs += 0 if in_driver else 1
-            caught_up = outcome.peeked_rows < limit  # the peek returned everything there was
+            caught_up = bounds.caught_up(outcome.peeked_rows)  # the peek returned everything there was
             if outcome.advance_to is None or (hwm is not None and outcome.advance_to <= hwm):
                 sink.discard(plan)
+                if bounds.upto_lsn is not None:  # a transaction larger than the budget: peek further
+                    growth *= 2
+                    continue
                 if caught_up and not heartbeat_sent:
                     stats = _end_of_run_heartbeat(control, run_id, plugin, opts)
                     heartbeat_sent = True
                     continue
                 break
+            growth = 1
             schemas = schema_store.save(outcome.schemas)
             typed = (
                 stage_typed_tables(sparks.session if outcome.typed_files is not None else sparks.get(),

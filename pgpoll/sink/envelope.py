@@ -24,11 +24,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 _MAP = pa.map_(pa.string(), pa.string())
 _TS = pa.timestamp("us", tz="UTC")
+#: The LSNs of rows built column-wise: a list, or a NumPy slice of the peek's column (no copy into Arrow).
+Lsns = Sequence[int] | npt.NDArray[np.int64]
 
 _FIELDS: list[pa.Field[Any]] = [
         pa.field("commit_lsn", pa.int64()),
@@ -228,7 +231,7 @@ def _empty_lists(n: int) -> pa.Array[Any]:
 
 
 def insert_rows_batch(
-    lsns: Sequence[int], schema: str, table: str, after: pa.MapArray[Any, Any], schema_id: str
+    lsns: Lsns, schema: str, table: str, after: pa.MapArray[Any, Any], schema_id: str
 ) -> pa.RecordBatch:
     """INSERT rows of one table with their ``after`` images already in Arrow (transaction columns null).
 

@@ -101,10 +101,9 @@ class _ServerError(Exception):
         self.pgerror = line.splitlines()[0].rstrip(". ") if line else text
 
 
-def _peek_query(plugin: str, slot: str, upto_nchanges: int | None, options: list[str], upto_lsn: int | None = None) -> str:
+def _peek_query(plugin: str, slot: str, upto_lsn: Lsn | None, upto_nchanges: int | None, options: list[str]) -> str:
     func = "pg_logical_slot_peek_binary_changes" if plugin in BINARY_PLUGINS else "pg_logical_slot_peek_changes"
-    upto = "NULL::pg_lsn" if upto_lsn is None else sql_literal(str(Lsn(upto_lsn))) + "::pg_lsn"
-    args = [sql_literal(slot) + "::name", upto,
+    args = [sql_literal(slot) + "::name", "NULL::pg_lsn" if upto_lsn is None else sql_literal(str(upto_lsn)) + "::pg_lsn",
             "NULL::int" if upto_nchanges is None else f"{int(upto_nchanges)}::int", *map(sql_literal, options)]
     return ("SELECT (lsn - '0/0'::pg_lsn)::bigint AS lsn, xid::text::bigint AS xid, data "
             f"FROM {func}({', '.join(args)})")
@@ -115,11 +114,11 @@ def peek_arrow(
     slot: str,
     plugin: str,
     *,
+    upto_lsn: Lsn | None = None,
     upto_nchanges: int | None,
     options: list[str],
     application_name: str,
     on_first_batch: Callable[[], None] | None = None,
-    upto_lsn: int | None = None,
 ) -> Generator[pa.RecordBatch, None, None]:
     """The peek's rows as record batches ``lsn int64, xid int64, data`` (``binary`` for pgoutput, else ``string``).
 
@@ -145,7 +144,7 @@ def peek_arrow(
         cur = conn.cursor()
         cur.execute(pin_settings_sql(readonly=True))
         cur.fetchall()
-        cur.execute(_peek_query(plugin, slot, upto_nchanges, options, upto_lsn))
+        cur.execute(_peek_query(plugin, slot, upto_lsn, upto_nchanges, options))
         reader: Any = cur.fetch_record_batch()
         for batch in reader:
             if first and on_first_batch is not None:

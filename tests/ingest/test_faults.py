@@ -23,20 +23,27 @@ def _ids(spark: Any, capture: Capture) -> list[int]:
     return sorted(int(r["after"]["id"]) for r in read_output(spark, capture.output) if r["op"] == "I")
 
 
+#: Batches cut by a row count, by a WAL budget smaller than a transaction (bounded peeks that find nothing,
+#: then a doubled budget), and the defaults (one batch that takes the end-of-run heartbeat in).
+BATCHING = {"rows": ("--batch-changes", "30"), "wal": ("--batch-wal", "2kB"), "defaults": ()}
+
+
+@pytest.mark.parametrize("batching", sorted(BATCHING))
 @pytest.mark.parametrize("point", POINTS)
 def test_a_crash_at_each_point_then_a_rerun_loses_and_duplicates_nothing(
-    capture: Capture, spark: Any, point: str
+    capture: Capture, spark: Any, point: str, batching: str
 ) -> None:
     db = capture.db
     db.execute("INSERT INTO items SELECT g, 'a' FROM generate_series(1, 40) g")
     db.execute("INSERT INTO items SELECT g, 'b' FROM generate_series(41, 60) g")
+    args = capture.args(*BATCHING[batching])
 
-    crashed = ingest_process(db.dsn, *capture.args("--batch-changes", "30"), env={"PGPOLL_FAULT": point})
+    crashed = ingest_process(db.dsn, *args, env={"PGPOLL_FAULT": point})
     assert crashed.exit_code == FAULT_EXIT, (crashed.exit_code, crashed.stderr[-2000:])
     assert f"PGPOLL_FAULT={point}" in crashed.stderr
 
     db.execute("INSERT INTO items SELECT g, 'c' FROM generate_series(61, 70) g")
-    rerun = ingest(db.dsn, *capture.args("--batch-changes", "30"))
+    rerun = ingest(db.dsn, *args)
     assert rerun.exit_code == 0, rerun.stderr
     assert _ids(spark, capture) == list(range(1, 71))
 
