@@ -20,6 +20,6 @@ def test_sizes_read_as_postgresql_reads_memory_settings(text: str | int, size: i
 
 @pytest.mark.parametrize("text", ["", "1.5GB", "-1", "12QB", "GB", "1 G B x"])
 def test_anything_else_is_a_usage_error_before_connecting(text: str) -> None:
-    result = CliRunner().invoke(cli, ["ingest", "--slot", "s", "--output", "/nonexistent/out", "--batch-wal", text],
+    result = CliRunner().invoke(cli, ["ingest", "--slot", "s", "--output", "out-never-written", "--batch-wal", text],
                                 env={"PGPOLL_DSN": "host=/nonexistent"})
     assert result.exit_code == 2 and "is not a size" in result.output
