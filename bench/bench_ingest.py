@@ -18,7 +18,7 @@ driver and no Spark starts):
   what ``spark-submit`` to a cluster does with a large batch), against an
   empty run of that kind;
 * with ``--baseline DIR`` (a checkout of another pgpoll, e.g. ``git worktree
-  add ../base main``), that tree's defaults and one batch on the same
+  add BASE main``), that tree's defaults and one batch on the same
   backlog, run by this interpreter with ``PYTHONPATH=DIR``: before and after
   in one run.
 
