@@ -45,6 +45,7 @@ def main() -> int:
         [sys.executable, str(HERE / "bench_delta.py"), "--rows", os.environ.get("PGPOLL_BENCH_DELTA_ROWS", "2000000"), "--small"],
         [sys.executable, str(HERE / "bench_iceberg.py"), "--rows", os.environ.get("PGPOLL_BENCH_DELTA_ROWS", "2000000")],
         [sys.executable, str(HERE / "bench_stream.py"), "--changes", changes, "--repeat", repeat],
+        [sys.executable, str(HERE / "bench_store.py"), "--changes", changes, "--repeat", repeat],
     ]
     status = 0
     for cmd in runs:
