@@ -15,7 +15,8 @@ from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
 
 @click.command("ingest")
 @click.option("--slot", required=True, help="Replication slot to drain.")
-@click.option("--output", required=True, help="Output path: a local path or any Hadoop filesystem URI.")
+@click.option("--output", required=True, help="Output path: a local path or file: URI, an object store (s3://, gs://, az://) "
+                                                 "or another Hadoop filesystem URI (hdfs://).")
 @click.option("--plugin", type=click.Choice(["auto", "test_decoding", "pgoutput"]), default="auto", show_default=True,
               help="Output plugin; auto reads it from the slot.")
 @click.option("--publication", "publications", multiple=True, callback=csv_values,

@@ -26,7 +26,8 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
 
 @click.command("snapshot")
 @click.option("--slot", required=True, help="Replication slot the snapshot is for (must exist and not be lost; never touched).")
-@click.option("--output", required=True, help="Output path: a local path or file: URI (the one ingest writes).")
+@click.option("--output", required=True, help="Output path (the one ingest writes): a local path, file: URI or an object store "
+                                                 "(s3://, gs://, az://).")
 @click.option("--publication", "publications", multiple=True, callback=csv_values,
               help="Publication(s) of a pgoutput slot: their tables, column lists and row filters.")
 @click.option("--tables", multiple=True, callback=csv_values, metavar="PATTERN,...",

@@ -38,7 +38,7 @@ from pgpoll.lsn import Lsn
 from pgpoll.source.slots import SlotInfo
 
 BATCH_WAL = 1 << 30
-"""The default WAL budget of a batch (``--batch-wal``): 1 GiB (see the README's *Performance* for why)."""
+"""The default WAL budget of a batch (``--batch-wal``): 1 GiB (docs/performance.md says why)."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What materialize needs of the snapshots under an output path: per table, the latest complete one.
 
-``pgpoll snapshot`` writes (see the README's output contract)
+``pgpoll snapshot`` writes (docs/reference/output-contract.md)
 ``PATH/_pgpoll/snapshots/<id>/plan.json`` (the tables, their key, columns
 and chunk bounds), one ``<table dir>/chunk-<n>.json`` manifest per finished
 chunk (its ``pg_current_snapshot()`` and files) and ``complete.json`` once

@@ -92,7 +92,8 @@ class BatchSink:
         if not self.fs.fenced:
             log.warning(
                 "output %s (%s:) cannot create files atomically: the commit log is not fenced, and only the "
-                "lease keeps two runs apart (see the README's table of fenced stores)", self.fs.root, self.fs.scheme,
+                "lease keeps two runs apart (docs/how-to/object-stores.md has the table of fenced stores)",
+                self.fs.root, self.fs.scheme,
             )
 
     @property

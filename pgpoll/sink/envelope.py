@@ -1,6 +1,6 @@
 """The change envelope as Arrow and Spark see it, and a column-wise builder of it.
 
-Columns, exactly (the README's output contract): ``commit_lsn`` bigint,
+Columns, exactly (docs/reference/output-contract.md): ``commit_lsn`` bigint,
 ``lsn`` bigint, ``seq`` int, ``xid`` bigint (the full 64-bit transaction id,
 epoch in the high 32 bits, as ``pg_current_xact_id()``; the batch assembler
 widens the plugin's 32-bit id), ``commit_ts`` timestamp (UTC),

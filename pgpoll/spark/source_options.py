@@ -110,7 +110,7 @@ def parse_options(raw: Mapping[str, str], *, streaming: bool | None) -> SourceOp
         if known is None:
             raise ConfigError(
                 f"unknown option {key!r} for format pgpoll",
-                "use one of " + ", ".join(KNOWN_OPTIONS) + " (see the README, Use from Spark)",
+                "use one of " + ", ".join(KNOWN_OPTIONS) + " (see docs/reference/spark-api.md)",
             )
         options[known] = value
     from pgpoll.source.connection import resolve_dsn  # PGPOLL_DSN and libpq variables are read on the driver
@@ -150,25 +150,29 @@ def _check_combinations(opts: SourceOptions, given: Mapping[str, str], streaming
         present = [n for n in names if given.get(n)]
         if present:
             raise ConfigError(f"option {', '.join(present)} does not apply to {where}",
-                              "leave it out (see the README, Use from Spark, for what each option reads)")
+                              "leave it out (docs/reference/spark-api.md says what each option reads)")
 
     if opts.slot is not None:
         refuse(("state", "stateDir", "afterLsn"), "a slot")
         if streaming is True:
             refuse(("uptoLsn",), "a stream (a batch ends where the query's trigger says)")
         elif streaming is False:
-            refuse(("maxRowsPerTrigger", "maxBytesPerTrigger"), "a batch read (a preview reads what is pending)")
+            refuse(("maxRowsPerTrigger", "maxBytesPerTrigger", "uptoLsn"),
+                   "a batch read of a slot (a preview reads what is pending)")
         if opts.plugin not in ("auto", "pgoutput", "test_decoding"):
             raise ConfigError(f"option plugin={opts.plugin!r} is not auto, pgoutput or test_decoding",
                               "leave it out: the slot's own plugin is used")
         return
     refuse(("dsn", "plugin", "publication", "maxRowsPerTrigger", "maxBytesPerTrigger"), "an output path")
+    if given.get("tables") or given.get("excludeTables"):  # they choose what a slot decodes; an output holds it all
+        raise ConfigError("options tables and excludeTables choose what a slot's read decodes, not what is read of "
+                          "an output path",
+                          'read one table with .option("table", "schema.table"), or filter the change log with '
+                          '.where("schema_name = ... AND table_name = ...")')
     if opts.state is not None:
-        refuse(("table", "tables", "excludeTables", "afterLsn", "uptoLsn"), "a materialized state (it has no history)")
+        refuse(("table", "afterLsn", "uptoLsn"), "a materialized state (it has no history)")
     else:
         refuse(("stateDir",), "the change log (it names where option state is read)")
-    if opts.table is not None:
-        refuse(("tables", "excludeTables"), "one typed table")
     if opts.after_lsn is not None and opts.upto_lsn is not None and opts.upto_lsn <= opts.after_lsn:
         raise ConfigError(f"uptoLsn {opts.upto_lsn} is not after afterLsn {opts.after_lsn}",
                           "give a range with afterLsn < uptoLsn (changes with afterLsn < commit_lsn <= uptoLsn)")

@@ -170,6 +170,9 @@ def test_a_slot_preview_reads_what_is_pending_and_leaves_the_slot(pg: Any, db: A
     ({"path": "/x", "dsn": "host=h"}, False, "does not apply to an output path"),
     ({"path": "/x", "state": "t", "afterLsn": "0/1"}, False, "does not apply to a materialized state"),
     ({"path": "/x", "afterLsn": "0/5", "uptoLsn": "0/5"}, False, "is not after afterLsn"),
+    ({"path": "/x", "tables": "public.items"}, False, "not what is read of an output path"),
+    ({"path": "/x", "table": "public.items", "excludeTables": "public.o*"}, False, "not what is read of an output"),
+    ({"slot": "s", "uptoLsn": "0/5"}, False, "does not apply to a batch read of a slot"),
     ({"slot": "s", "maxrowspertriger": "5"}, True, "unknown option"),
 ])
 def test_options_that_cannot_work_are_refused_before_anything_runs(options: dict[str, str], streaming: bool,
