@@ -20,9 +20,9 @@ Variable ``pgpoll_schedule``
     Cron expression, read when the DAG is parsed (default ``*/15 * * * *``).
 Variable ``pgpoll_ingest`` (JSON, read when the tasks run)
     ``{"application": "/opt/pgpoll/ingest.py", "py_files": "/opt/pgpoll/pgpoll.zip",
-    "slot": "orders_slot", "output": "s3a://lake/pg/orders", "publication": "orders_pub",
+    "slot": "orders_slot", "output": "s3://lake/pg/orders", "publication": "orders_pub",
     "max_seconds": 600, "typed_tables": true,
-    "materialize": {"application": "/opt/pgpoll/materialize.py", "to": "s3a://lake/pg/orders_state",
+    "materialize": {"application": "/opt/pgpoll/materialize.py", "to": "s3://lake/pg/orders_state",
     "format": "delta"},
     "snapshot": {"application": "/opt/pgpoll/snapshot.py", "parallelism": 4}}``;
     ``py_files`` and ``publication`` may be empty (test_decoding needs no
