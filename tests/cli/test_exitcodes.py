@@ -22,6 +22,7 @@ EXPECTED = {
     errors.SharedSnapshotLostError: exitcodes.SOURCE,
     errors.TableRewrittenError: exitcodes.SOURCE,
     errors.SlotExistsError: exitcodes.SOURCE,
+    errors.SlotMovedError: exitcodes.SOURCE,  # a Spark stream's slot moved past its batch start
     errors.ConnectionFailedError: exitcodes.SOURCE,
     errors.SinkError: exitcodes.SINK,
     errors.DecodeError: exitcodes.DECODE,
