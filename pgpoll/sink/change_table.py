@@ -15,7 +15,10 @@ transaction :data:`APP_ID` whose version is the record's ``seq``, read back
 with ``transaction_version`` before committing; records are added in
 ``seq`` order, one version each, and a commit is made on the version just
 read with no retry (``max_commit_retries=0``): delta-rs's own retry would
-not look at application transactions and could add a batch twice. So of two
+not look at application transactions and could add a batch twice. The
+snapshot refreshed after a commit may hold other processes' versions too, so
+each record is checked against the snapshot its own commit is made on, not
+only the first. So of two
 processes adding the same record (the run that published it, and another
 run's recovery after a crash) one commits and the other re-reads and finds
 it done. A record a crash left out of the Delta log is added by the next
@@ -184,6 +187,13 @@ class ChangeTable:
                 self._done = todo[-1].seq
                 return [r.seq for r in todo]
             for record in todo:
+                # The snapshot this commit is made on must not hold the record already. The first one is the
+                # snapshot sync() read it from; every later one is the snapshot refreshed after our previous
+                # commit, which may also hold versions another process added since (the next records): then
+                # max_commit_retries=0 does not help, the commit is made on a current snapshot and would add the
+                # record a second time. Stop and let sync() read again instead.
+                if int(self._table.transaction_version(APP_ID) or 0) >= record.seq:
+                    return done
                 properties = CommitProperties(app_transactions=[Transaction(APP_ID, record.seq)], max_commit_retries=0,
                                               custom_metadata={"pgpoll": json.dumps({"seq": record.seq, "run": record.run})})
                 self._table.create_write_transaction(_adds(record), "append", schema, partition_by=[PARTITION_COLUMN],

@@ -307,6 +307,9 @@ def read_chunk(
 # ---- the shared snapshot -----------------------------------------------------------------
 
 
+_IN_TRANSACTION = (psycopg2.extensions.TRANSACTION_STATUS_INTRANS, psycopg2.extensions.TRANSACTION_STATUS_INERROR)
+
+
 class SharedSnapshot:
     """An exported snapshot of one table, open for as long as the ``with`` block (at most ``timeout_s``).
 
@@ -360,11 +363,23 @@ class SharedSnapshot:
         return self
 
     def close(self) -> None:
-        """End the exporting transaction (the snapshot can no longer be imported)."""
-        if self._conn is not None:
-            with contextlib.suppress(psycopg2.Error):
-                self._conn.close()
-            self._conn = None
+        """End the exporting transaction: once this returns, the snapshot can no longer be imported.
+
+        Closing the connection alone does not promise that: the server ends the
+        transaction when the exporter's backend reads the client's goodbye, which
+        on a busy machine comes after a chunk's read has already imported the
+        snapshot. ``ROLLBACK`` is answered only once the transaction has ended and
+        its exported snapshot is gone (and the vacuum horizon it held is released).
+        """
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        with contextlib.suppress(psycopg2.Error):  # the session may have ended already (its timeout)
+            if not conn.closed and conn.info.transaction_status in _IN_TRANSACTION:
+                with conn.cursor() as cur:
+                    cur.execute("ROLLBACK")
+        with contextlib.suppress(psycopg2.Error):
+            conn.close()
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.close()

@@ -80,3 +80,28 @@ def test_processes_completing_the_delta_log_together_add_each_record_once(tmp_pa
     assert _delta(tmp_path).transaction_version(APP_ID) == records[-1].seq
     assert _delta(tmp_path).version() == 5  # one version per record, none twice
     assert sorted(_listed(tmp_path)) == sorted(f"{r.partition}/{f}" for r in records for f in r.files)
+
+
+def test_a_record_another_process_added_after_our_last_commit_is_not_added_again(tmp_path: Path) -> None:
+    """The interleaving behind a duplicate version, played in order: no commit retry is needed to add a batch twice.
+
+    Process B adds record 2 and refreshes its snapshot, which then also holds records 3..6 that process A added in
+    the meantime. A commit on that snapshot sees no conflict (it is the newest version), so only the
+    application transaction it holds can tell B that record 3 is done.
+    """
+    sink = BatchSink(None, str(tmp_path))
+    for _ in range(6):
+        plan = sink.plan()
+        stage(plan)
+        publish_next(sink, plan)
+    (tmp_path / layout.CHANGES / "_delta_log").rename(tmp_path / "old_log")
+    records = CommitLog(sink.fs).records()
+    ChangeTable(sink.fs)._commit(records[:1], first=True)
+    b = ChangeTable(sink.fs)
+    assert b.added() == 1
+    assert b._commit(records[1:2], first=False) == [2]  # B's snapshot: version 1, records 1..2
+    assert ChangeTable(sink.fs).sync(CommitLog(sink.fs)) == [3, 4, 5, 6]  # A: versions 2..5
+    b._load()  # B's snapshot: version 5, records 1..6
+    assert b._commit(records[2:], first=False) == []
+    assert _delta(tmp_path).version() == 5 and _delta(tmp_path).transaction_version(APP_ID) == 6
+    assert sorted(_listed(tmp_path)) == sorted(f"{r.partition}/{f}" for r in records for f in r.files)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import os
 import pickle
+import signal
 import threading
 import time
 from typing import Any
@@ -234,14 +236,41 @@ def test_shared_snapshot_chunks_read_one_state_under_concurrent_writes(db: Any) 
         finally:
             conn.close()
         assert len(chunks) >= 6 and chunks[-1].blocks is not None and chunks[-1].blocks[1] is None
-        rows = []
+        rows: list[tuple[Any, ...]] = []
         for chunk in chunks:
             got = read_chunk(db.dsn, t, chunk, lock_timeout_ms=2000, exported=shared.exported)
             assert got.snapshot == shared.snapshot
             rows.extend(tuple(r.values()) for r in got.texts.to_pylist())
         assert sorted(rows) == expected
-    with pytest.raises(SharedSnapshotLostError):
+    with pytest.raises(SharedSnapshotLostError):  # closed means closed: SharedSnapshot.close() ends the transaction
         read_chunk(db.dsn, t, chunks[0], lock_timeout_ms=2000, exported=shared.exported)
+
+
+def test_a_closed_shared_snapshot_cannot_be_imported_while_its_backend_lags(db: Any) -> None:
+    """The exporter's backend is stopped (SIGSTOP: a busy machine, played deterministically) when the snapshot is closed.
+
+    Closing the connection alone returns at once and leaves the transaction
+    open until the backend reads the client's goodbye, so a chunk read in
+    between imported the snapshot; close() now waits for the server to end
+    the transaction. The backend resumes after a second whatever happens.
+    """
+    db.execute("CREATE TABLE lag (id numeric PRIMARY KEY)")
+    t = _table(db, "lag")
+    shared = SharedSnapshot(db.dsn, t, 60).__enter__()
+    pid = shared._conn.get_backend_pid()
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except PermissionError:
+        shared.close()
+        pytest.skip("the server's processes belong to another user: cannot stop its backend")
+    resume = threading.Timer(1.0, os.kill, (pid, signal.SIGCONT))
+    resume.start()
+    try:
+        shared.close()
+        with pytest.raises(SharedSnapshotLostError):
+            read_chunk(db.dsn, t, ChunkSpec(0), lock_timeout_ms=2000, exported=shared.exported)
+    finally:
+        resume.join()
 
 
 def test_the_exporter_ends_itself_after_its_timeout(db: Any) -> None:
