@@ -9,12 +9,15 @@ test fails).
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import random
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +96,11 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
             proc.kill()
             proc.wait()
         log.close()
+        for port in (master, volume, filer, s3, rest):  # weed leaves seaweedfs-*-PORT.sock behind (gRPC: port + 10000)
+            for leftover in [*glob.glob(f"{tempfile.gettempdir()}/seaweedfs-*-{port}.sock"),
+                             *glob.glob(f"{tempfile.gettempdir()}/seaweedfs-*-{port + 10000}.sock")]:
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover)
 
 
 def _configure(monkeypatch: pytest.MonkeyPatch, name: str, props: dict[str, str]) -> None:
