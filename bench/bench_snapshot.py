@@ -22,6 +22,15 @@ they read, autovacuum's included; pgpoll.snapshot.recheck). Also the peak memory
 chunk read in a separate process at two chunk sizes (goal: a 1M-row chunk at
 most 1.25x a 100k-row chunk). ``--repeat N`` takes medians of N rounds.
 
+Beside wall times, CPU seconds (Linux ``/proc``: user and system time of a
+process and its descendants, the exited ones its parent waited for
+included): the server's (the postmaster's tree: every backend of the run)
+and the client's (psql, or this process's tree: the Spark JVM and its Python
+workers), less the empty snapshot's for the snapshots. Wall times on a shared
+machine vary by more than the gate; CPU seconds much less, and their sum over
+the cores is a floor for the wall time: ``cpu bound`` = (server + client) /
+cores / copy is the best ratio a run could reach with every core busy.
+
     python bench/bench_snapshot.py [--rows 2000000] [--repeat 3] [--parallelism 2]
 """
 
@@ -30,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -68,13 +78,56 @@ def _snapshot(spark: Any, dsn: str, slot: str, output: str, table: str, parallel
     return seconds, json.loads(summary.to_json())
 
 
-def _copy(cluster: ThrowawayCluster, dsn: str) -> float:
+def _copy(cluster: ThrowawayCluster, dsn: str) -> tuple[float, float]:
+    """psql's ``\\copy`` to /dev/null: seconds, and psql's own CPU seconds."""
     psql = shutil.which("psql", path=str(cluster.installation.bindir)) or shutil.which("psql")
     if psql is None:
         raise SystemExit("psql not found")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run([psql, dsn, "-X", "-q", "-c", "\\copy (select * from bench_snap) to /dev/null"], check=True)
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return seconds, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _tree_cpu_s(root: int) -> float:
+    """CPU seconds of ``root`` and its live descendants, each with the exited children it waited for (``/proc``:
+    utime, stime, cutime, cstime); 0 where there is no ``/proc``."""
+    parents: dict[int, int] = {}
+    spent: dict[int, float] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # (it exited meanwhile)
+        parents[int(entry)] = int(fields[1])
+        spent[int(entry)] = sum(int(f) for f in fields[11:15]) / _TICK
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += spent.get(pid, 0.0)
+        todo.extend(children.get(pid, ()))
+    return total
+
+
+def _postmaster(conn: Any) -> int:
+    """The server's postmaster: the parent of this connection's backend."""
+    pid = _sql(conn, "SELECT pg_backend_pid()")[0][0]
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
 
 
 def _chunk_peak_kb(dsn: str, rows: int) -> int:
@@ -131,18 +184,30 @@ def main() -> None:
         spark = spark_session("pgpoll-bench-snapshot")
         _snapshot(spark, dsn, "bench_snap_slot", str(work / "warm"), "bench_empty", args.parallelism)  # workers up
         kinds = {"binary": ("auto", "auto"), "csv": ("auto", "psycopg2"), "shared": ("shared", "auto")}
+        server, me = _postmaster(conn), os.getpid()
+
+        def cpu() -> tuple[float, float]:
+            return _tree_cpu_s(server), _tree_cpu_s(me)
+
         runs: list[dict[str, Any]] = []
         for i in range(args.repeat):
-            run: dict[str, Any] = {"copy_s": _copy(cluster, dsn)}
+            run: dict[str, Any] = {}
+            before = cpu()
+            run["copy_s"], run["copy_client_cpu"] = _copy(cluster, dsn)
+            run["copy_server_cpu"] = cpu()[0] - before[0]
+            before = cpu()
             run["empty_s"], _ = _snapshot(spark, dsn, "bench_snap_slot", str(work / f"empty{i}"), "bench_empty",
                                           args.parallelism)
+            run["empty_cpu"] = tuple(b - a for a, b in zip(before, cpu(), strict=True))
             shutil.rmtree(work / f"empty{i}", ignore_errors=True)
             order = list(kinds)[i % len(kinds):] + list(kinds)[:i % len(kinds)]  # each way first in turn
             for kind in order:
                 mode, fetch = kinds[kind]
                 out = work / f"{kind}{i}"
+                before = cpu()
                 run[kind], run[f"{kind}_summary"] = _snapshot(spark, dsn, "bench_snap_slot", str(out), "bench_snap",
                                                               args.parallelism, mode=mode, fetch=fetch)
+                run[f"{kind}_cpu"] = tuple(b - a for a, b in zip(before, cpu(), strict=True))
                 shutil.rmtree(out, ignore_errors=True)
             runs.append(run)
             print(f"round {i + 1}: copy {run['copy_s']:.2f} s, empty snapshot {run['empty_s']:.2f} s, "
@@ -152,7 +217,12 @@ def main() -> None:
         print(f"\nsnapshot of {args.rows:,} rows x 5 columns (bigint, int, text, timestamptz, numeric), "
               f"parallelism {args.parallelism}, medians of {args.repeat}:")
         print(f"  psql \\copy to /dev/null        {copy_s:8.2f} s")
+        copy_cpu = [statistics.median(r[k] for r in runs) for k in ("copy_server_cpu", "copy_client_cpu")]
+        empty_cpu = [statistics.median(r["empty_cpu"][j] for r in runs) for j in (0, 1)]
+        print(f"    CPU: server {copy_cpu[0]:.2f} s, psql {copy_cpu[1]:.2f} s")
         print(f"  pgpoll snapshot, empty table    {empty_s:8.2f} s   (a run's fixed work; Spark already up)")
+        print(f"    CPU: server {empty_cpu[0]:.2f} s, client {empty_cpu[1]:.2f} s")
+        cores = os.cpu_count() or 1
         for kind in kinds:
             full_s = statistics.median(r[kind] for r in runs)
             net = full_s - empty_s
@@ -165,6 +235,9 @@ def main() -> None:
                   f"{args.rows / max(net, 1e-9):,.0f} rows/s, {written / 1e6 / max(net, 1e-9):.1f} MB/s of Parquet "
                   f"({written / 1e6:.1f} MB), longest snapshot held {held:.2f} s"
                   + (f", recheck in {rechecked} of {len(runs)} rounds" if kind != "shared" else ""))
+            net_cpu = [statistics.median(r[f"{kind}_cpu"][j] - r["empty_cpu"][j] for r in runs) for j in (0, 1)]
+            print(f"    CPU less the empty run's: server {net_cpu[0]:.2f} s, client (JVM and Python workers) "
+                  f"{net_cpu[1]:.2f} s; cpu bound on {cores} cores {sum(net_cpu) / cores / copy_s:.2f}x")
         print("  gate: (snapshot - empty) / copy <= 1.0 for the default")
         if not args.skip_memory:
             small = _chunk_peak_kb(dsn, 100_000)

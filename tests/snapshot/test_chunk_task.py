@@ -99,3 +99,17 @@ def test_a_lock_timeout_is_retried_a_few_times_then_comes_back_as_the_chunks_err
     assert len(results) == 1 and isinstance(results[0].error, LockTimeoutError) and results[0].n == 0
     assert results[0].error.blocker_pid == pid
     assert not list(tmp_path.rglob("*.parquet"))  # nothing written
+
+
+def test_a_chunk_file_has_statistics_for_its_key_columns_only(tmp_path: Any) -> None:
+    """Snapshot files are read whole: the other columns' statistics would only cost the writer (no server needed)."""
+    import pyarrow.parquet as pq
+
+    chunk = typed_chunk(_texts(_ROWS), _shape())
+    path = str(tmp_path / "chunk.parquet")
+    chunk_task.write_batches(path, [chunk], chunk.schema.empty_table(), statistics=["id"])
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    with_stats = {group.column(i).path_in_schema for i in range(group.num_columns)
+                  if group.column(i).statistics is not None}
+    assert with_stats == {"id"}
+    assert pq.read_table(path).column("id").to_pylist() == [1, 2]
