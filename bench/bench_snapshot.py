@@ -9,8 +9,9 @@ default (chunks read in binary through ADBC, one short snapshot each),
 shared`` (one exported snapshot for the whole read). Every snapshot runs in
 this process through one local SparkSession (``run_snapshot``, what ``pgpoll
 snapshot`` calls), started once before the first round: Spark's own start-up
-(20-50 s here, varying by more than the whole read on a shared 2-core machine)
-is left out of every figure. For each way, the issue's gate
+(20-50 s here, varying by more than the whole read on a shared 2-core machine),
+and a first full read that starts its Python workers, are left out of every
+figure. For each way, the issue's gate
 
 * **snapshot / copy** = (full snapshot - empty snapshot) / copy (goal <= 1.0x),
 
@@ -185,7 +186,11 @@ def main() -> None:
         from pgpoll.spark.session import spark_session
 
         spark = spark_session("pgpoll-bench-snapshot")
-        _snapshot(spark, dsn, "bench_snap_slot", str(work / "warm"), "bench_empty", args.parallelism)  # workers up
+        # Warm-up, in no figure: one read of the full table starts a Python worker per task slot, each importing
+        # pyarrow, ADBC and pgpoll once (an empty table's one task started one: the first round's full read paid
+        # the second's start-up, 2-4 s of its wall time on this machine).
+        _snapshot(spark, dsn, "bench_snap_slot", str(work / "warm"), "bench_snap", args.parallelism)
+        shutil.rmtree(work / "warm", ignore_errors=True)
         kinds = {"binary": ("auto", "auto"), "csv": ("auto", "psycopg2"), "shared": ("shared", "auto")}
         server, me = _postmaster(conn), os.getpid()
 
