@@ -17,11 +17,14 @@ with its heartbeat batch, a Spark job here; the stream's reads one one-row
 transaction, as a stream with nothing at all runs no batch), medians of
 ``--repeat`` runs, and the ratio stream / ingest (goal <= 1.5x). A first
 Spark job in a fresh JVM costs seconds (class loading, JIT, Python workers),
-which both empty runs include. The stream finds where each batch
-ends with a decode on the driver (the server aggregates the peek and ships
-one row: :mod:`pgpoll.source.commit_boundaries`); that decode is inside the
-stream's time, and is also shown on its own (the same call on the backlog,
-without Spark).
+which both empty runs include. Without a limit the stream's run is one batch
+whose end is a non-transactional message the run writes before it starts
+(:func:`pgpoll.source.commit_boundaries.mark_boundary`): no decode on the
+driver. With ``--max-rows`` the driver finds where each batch ends with a
+decode (the server aggregates the peek and ships one row:
+:func:`pgpoll.source.commit_boundaries.next_boundary`); those decodes are inside
+the stream's time, and are also shown on their own (the same calls on the
+backlog, batch after batch, without Spark).
 
     python bench/bench_stream.py [--changes 1000000] [--plugin pgoutput] [--repeat 3] [--txn-rows 10000] [--max-rows N]
 """
@@ -102,8 +105,11 @@ def _ingest(dsn: str, slot: str, plugin: str, work: Path) -> tuple[float, dict[s
     return seconds, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _boundary_decode(dsn: str, slot: str, plugin: str) -> float:
-    """The driver's decode that finds the single batch's end, on its own (no Spark)."""
+def _boundary_decode(dsn: str, slot: str, plugin: str, max_rows: int) -> float:
+    """The driver's decodes that find each batch's end under ``maxRowsPerTrigger``, on their own (no Spark).
+
+    As the stream does: find an end, move the slot there, find the next, until nothing is left.
+    """
     from pgpoll.lsn import Lsn
     from pgpoll.source import slots
     from pgpoll.source.commit_boundaries import next_boundary
@@ -114,7 +120,9 @@ def _boundary_decode(dsn: str, slot: str, plugin: str) -> float:
         options = slots.peek_options(plugin, publications=["bench_pub"] if plugin == "pgoutput" else None)
         after = Lsn(slots.get_slot(conn, slot).confirmed_flush_lsn or 0)
         started = time.perf_counter()
-        next_boundary(conn, slot, plugin, options, after=after)
+        while (end := next_boundary(conn, slot, plugin, options, after=after, max_changes=max_rows).end) is not None:
+            slots.advance_slot(conn, slot, end)
+            after = end
         return time.perf_counter() - started
     finally:
         conn.close()
@@ -154,7 +162,7 @@ def main() -> None:
             _slot(conn, f"nin_{run}", args.plugin)
         results = []
         for run in runs:
-            decode_s = _boundary_decode(dsn, f"dec_{run}", args.plugin)
+            decode_s = _boundary_decode(dsn, f"dec_{run}", args.plugin, args.max_rows) if args.max_rows else 0.0
             empty_stream_s, _ = _stream(dsn, f"nst_{run}", args.plugin, work, args.max_rows)
             stream_s, stream_summary = _stream(dsn, f"str_{run}", args.plugin, work, args.max_rows)
             empty_ingest_s, _ = _ingest(dsn, f"nin_{run}", args.plugin, work)
@@ -181,7 +189,10 @@ def main() -> None:
         limit = f"maxRowsPerTrigger {args.max_rows:,}" if args.max_rows else "no maxRowsPerTrigger"
         print(f"  stream, availableNow into a Parquet sink ({limit}, {m('batches'):.0f} batch(es)): "
               f"{m('stream_s'):.2f} s, empty run {m('empty_stream_s'):.2f} s, net {m('stream_net_s'):.2f} s")
-        print(f"  of which the driver's decode finding the batch end (alone, no Spark): {m('decode_s'):.2f} s")
+        if args.max_rows:
+            print(f"  of which the driver's decodes finding each batch's end (alone, no Spark): {m('decode_s'):.2f} s")
+        else:
+            print("  no decode on the driver: the run's one batch ends at a message the run writes")
         print(f"  pgpoll ingest, PGPOLL_DRIVER_BATCH_WAL=0 ({m('ingest_batches'):.0f} batches, each a Spark job): "
               f"{m('ingest_s'):.2f} s, empty run {m('empty_ingest_s'):.2f} s, net {m('ingest_net_s'):.2f} s")
         print(f"  stream / ingest, each net of its empty run: {m('ratio'):.2f}x (goal <= 1.5x); per run: "

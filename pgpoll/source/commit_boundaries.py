@@ -8,7 +8,10 @@ see ``/work/shared/POSTGRES-NOTES.md``, "Advancing"), and a batch
 ``(start, end]`` holds exactly the transactions whose commit LSN lies in it.
 
 Finding the boundaries costs a decode: the only thing that knows where
-transactions end is the output plugin. :func:`next_boundary` runs the peek on
+transactions end is the output plugin. Making one does not:
+:func:`mark_boundary` writes a non-transactional message, whose LSN is a
+boundary by construction (a stream's ``Trigger.AvailableNow`` run without
+limits ends there). :func:`next_boundary` runs the peek on
 the server and aggregates it there (``WITH ORDINALITY`` and a running sum in
 a window), so one row comes back however large the backlog: the number of
 rows the peek returned, the first boundary after ``after``, and the last
@@ -28,18 +31,21 @@ boundary, so a peek bounded by it can return one whole transaction more.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg2
 
+from pgpoll.changes import HEARTBEAT_PREFIX
+from pgpoll.errors import SourceError
 from pgpoll.lsn import Lsn
 from pgpoll.source.names import check_slot_name
 from pgpoll.source.server_errors import translate
 from pgpoll.source.session import pinned_transaction
 from pgpoll.source.slots import BINARY_PLUGINS
 
-__all__ = ["Boundary", "flush_position", "next_boundary"]
+__all__ = ["Boundary", "flush_position", "mark_boundary", "next_boundary", "wait_flushed"]
 
 # What is a boundary and what is a change, per plugin, as SQL over the peek's ``data``.
 # pgoutput (protocol 1, no streaming): the first byte is the message type; a Message ('M') has its flags
@@ -214,3 +220,61 @@ def flush_position(conn: Any) -> Lsn:
             return Lsn.parse(cur.fetchone()[0])
     except psycopg2.Error as exc:
         raise translate(exc) from None
+
+
+_FLUSH_ARG_SINCE = 170000  # pg_logical_emit_message(..., flush => true): PostgreSQL 17+
+
+
+def mark_boundary(conn: Any, content: str) -> Lsn:
+    """Write a non-transactional ``pgpoll.heartbeat`` message; its LSN is a boundary made without a decode.
+
+    Why it is one (PostgreSQL 15, read in the source): ``LogLogicalMessage``
+    (``replication/logical/message.c``) returns what ``XLogInsert`` returns,
+    the *end* of the message's WAL record; ``logicalmsg_decode``
+    (``decode.c``) queues the message with ``buf->endptr``, the same record
+    end, and ``message_cb_wrapper`` (``logical.c``) makes that the row's
+    ``lsn``. So the returned LSN is the message row's ``lsn`` in a peek, and a
+    record end: every later record, a commit record too, starts at or after
+    it, so advancing the slot there skips no transaction. The message is the
+    batch's last row; the decoders drop it as they drop every heartbeat (the
+    assembler takes its ``lsn`` as the batch's last boundary), so it is never
+    a change. Both plugins return it: test_decoding always, pgoutput with
+    ``messages`` on, which pgpoll's peek options always set.
+
+    On PostgreSQL below 17 the message is not flushed by itself; the
+    transaction that wrote it commits without an xid and only asks the WAL
+    writer to flush it (``RecordTransactionCommit``, ``XLogSetAsyncXactLSN``):
+    a peek sees it once :func:`wait_flushed` says so. From 17 the call flushes
+    it (``flush => true``).
+    """
+    flush = conn.server_version >= _FLUSH_ARG_SINCE
+    sql = ("SELECT pg_logical_emit_message(false, %s, %s, true)::text" if flush
+           else "SELECT pg_logical_emit_message(false, %s, %s)::text")
+    try:
+        with pinned_transaction(conn, readonly=False) as cur:
+            cur.execute(sql, (HEARTBEAT_PREFIX, content))
+            return Lsn.parse(cur.fetchone()[0])
+    except psycopg2.Error as exc:
+        raise translate(exc) from None
+
+
+def wait_flushed(conn: Any, lsn: Lsn, timeout_s: float = 30.0) -> Lsn:
+    """Wait until ``pg_current_wal_flush_lsn()`` reaches ``lsn`` (a peek never reads past the flush position).
+
+    The WAL writer flushes within ``wal_writer_delay`` (200 ms by default);
+    :class:`SourceError` when it has not after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    pause = 0.005
+    while True:
+        flushed = flush_position(conn)
+        if flushed >= lsn:
+            return flushed
+        if time.monotonic() >= deadline:
+            raise SourceError(
+                f"the WAL up to {lsn} was not flushed within {timeout_s:.0f} s (flushed up to {flushed})",
+                "check the server's WAL writer and disk (pg_stat_wal, the server log); then run the query again",
+                lsn=str(lsn),
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)

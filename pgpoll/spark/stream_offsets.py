@@ -5,10 +5,23 @@ the commit record) or of a non-transactional message, as the commit log's
 ``end`` is, so a batch ``(start, end]`` holds exactly the transactions whose
 commit LSN lies in it. (A query's initial offset is the slot's position,
 marked ``"initial": true``, and its first batch's end also records that
-start as ``"from"``: :func:`batch_range` says why.) Ends are found by the server
-(:func:`pgpoll.source.commit_boundaries.next_boundary`, a decode on the
-driver that ships one row), so they never pass the flush position, and the
-slot is only ever advanced to one of them.
+start as ``"from"``: :func:`batch_range` says why.) Ends never pass the flush
+position, and the slot is only ever advanced to one of them. They are found
+in one of two ways:
+
+* ``Trigger.AvailableNow`` without ``maxRowsPerTrigger``/``maxBytesPerTrigger``:
+  the run is one batch, and its end is *written*, not searched for.
+  :meth:`StreamOffsets.prepare_available_now` writes a non-transactional
+  ``pgpoll.heartbeat`` message (when the slot has WAL after its position) and
+  takes its LSN once it is flushed
+  (:func:`pgpoll.source.commit_boundaries.mark_boundary` says why that LSN is
+  a boundary); ``latestOffset`` then returns it without a decode. Anything in
+  the WAL after the slot, even what no peek returns, gets the run that one
+  batch (empty then): telling them apart would cost the decode avoided.
+* Otherwise (a limit, or another trigger) by the server
+  (:func:`pgpoll.source.commit_boundaries.next_boundary`, a decode on the
+  driver that ships one row), capped for ``Trigger.AvailableNow`` at the flush
+  position when the run started.
 
 When Spark calls what, and why the slot may move then (Spark 4.3's
 ``MicroBatchExecution``, ``org.apache.spark.sql.execution.streaming.runtime``):
@@ -52,6 +65,7 @@ does): its COMMIT is the next boundary, and the batch holds no row of it.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 import uuid
@@ -61,7 +75,7 @@ from typing import Any
 from pgpoll.errors import ConfigError, PgpollError, PublicationNotFoundError, SlotMovedError, WrongPluginError
 from pgpoll.lsn import Lsn
 from pgpoll.source import slots as slot_access
-from pgpoll.source.commit_boundaries import Boundary, flush_position, next_boundary
+from pgpoll.source.commit_boundaries import Boundary, flush_position, mark_boundary, next_boundary, wait_flushed
 from pgpoll.source.connection import resolve_dsn
 from pgpoll.source.control import ControlConnection
 from pgpoll.source.names import check_identifier, check_slot_name
@@ -145,6 +159,9 @@ class StreamOffsets:
         self._peek_options: list[str] = []
         self._initial: Lsn | None = None
         self.cap: Lsn | None = None  # Trigger.AvailableNow: nothing committed after this WAL position is read
+        self.cap_is_boundary = False  # ... and it is a boundary: the run's end, found without a decode
+        self.decodes = 0  # decodes on the driver to find a batch's end (for tests and logs)
+        self._run_id = f"spark-{uuid.uuid4().hex[:12]}"
         self._last_heartbeat = 0.0
         self.last: Boundary | None = None  # the last latestOffset's finding (for tests and logs)
 
@@ -210,10 +227,46 @@ class StreamOffsets:
         return self._initial
 
     def prepare_available_now(self) -> None:
-        """Fix the run's target: what is flushed now (after a heartbeat, when the slot lags)."""
+        """Fix the run's target (after a heartbeat, when the slot lags).
+
+        Without admission limits the target is a boundary written now
+        (:meth:`_mark_run_end`), and the run is one batch found without a
+        decode. With a limit each batch's end takes a decode on the driver
+        anyway, and the target only caps them: what is flushed now.
+        """
         self._heartbeat_if_lagging(rate_limited=False)
-        self.cap = self.control.call(flush_position)
-        log.info("Trigger.AvailableNow: reading slot %s up to %s", self.slot, self.cap)
+        self.cap, self.cap_is_boundary = None, False
+        if self.opts.max_rows is None and self.opts.max_bytes is None:
+            self.cap = self._mark_run_end()
+            self.cap_is_boundary = self.cap is not None
+        if self.cap is None:
+            self.cap = self.control.call(flush_position)
+        log.info("Trigger.AvailableNow: reading slot %s up to %s%s", self.slot, self.cap,
+                 " (a boundary: no decode on the driver)" if self.cap_is_boundary else "")
+
+    def _mark_run_end(self) -> Lsn | None:
+        """The run's last boundary without a decode: the slot's position when nothing was written after it,
+        else a non-transactional heartbeat written now (:func:`~pgpoll.source.commit_boundaries.mark_boundary`
+        says why its LSN is a boundary), once flushed. ``None`` where no message can be written (a standby, a
+        read-only role): the run then finds its end by a decode.
+
+        Anything in the WAL after the slot's position, even what no peek returns (writes to unpublished tables,
+        the server's own records), gets the run a batch, empty then; telling those apart would take the decode
+        this avoids.
+        """
+        control = self.control
+        info = slot_access.check_usable(control.slot_info())
+        position = info.confirmed_flush_lsn or info.restart_lsn
+        if position is not None and control.call(flush_position) <= position:
+            return Lsn(position)  # nothing after the slot: no batch
+        try:
+            end = control.call(functools.partial(mark_boundary, content=json.dumps({"run": self._run_id, "end": True})))
+        except PgpollError as exc:
+            log.warning("slot %s: no boundary could be written (%s); the run's end is found by a decode",
+                        self.slot, exc.message)
+            return None
+        control.call(functools.partial(wait_flushed, lsn=end))  # a SourceError when the WAL writer never flushes it
+        return end
 
     def latest(self, start: Lsn, max_changes: int | None, max_bytes: int | None) -> Lsn:
         """The next batch's end after ``start`` (``start`` itself: nothing new); the slot is moved to ``start`` first.
@@ -225,9 +278,13 @@ class StreamOffsets:
         check_slot_not_past(info, start)
         if info.confirmed_flush_lsn is None or info.confirmed_flush_lsn < start:
             control.advance(start)
+        if self.cap is not None and self.cap_is_boundary and max_changes is None and max_bytes is None:
+            self.last = None  # no decode: the run's end is its one batch's end
+            return self.cap if start < self.cap else start
         found = control.call(lambda c: next_boundary(
             c, self.slot, self.plugin, self._peek_options, after=start, cap=self.cap,
             max_changes=max_changes, max_bytes=max_bytes))
+        self.decodes += 1
         self.last = found
         if found.end is None:
             if self.cap is None:
@@ -261,7 +318,7 @@ class StreamOffsets:
         if lag is None or lag < HEARTBEAT_AFTER_BYTES:
             return
         try:
-            self.control.emit_heartbeat(f"spark-{uuid.uuid4().hex[:12]}")
+            self.control.emit_heartbeat(self._run_id)
             self._last_heartbeat = time.monotonic()
         except PgpollError as exc:  # a read-only role: the WAL stays pinned until captured tables change
             log.warning("slot %s lags %d bytes and no heartbeat could be written: %s", self.slot, lag, exc.message)

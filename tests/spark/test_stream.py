@@ -133,10 +133,79 @@ def test_a_second_run_reads_only_what_is_new_and_an_idle_run_makes_no_batch(pg: 
     slot = make_slot(db, "pgoutput")
     following = write_transactions(db, [10, 10])
     assert sum(len(b) for b in run_batches(stream(pg, db, slot, "pgoutput"), tmp_path / "ck")) == 20
-    db.execute("INSERT INTO other VALUES (1)")  # not published: no row, no batch
-    assert run_batches(stream(pg, db, slot, "pgoutput"), tmp_path / "ck") == []
+    # Nothing in the WAL after the slot: no batch. (The server's own records, a running-xacts snapshot every 15 s
+    # after WAL was written, would count as something: then the run makes one batch, and it must be empty.)
+    idle = db.execute("SELECT pg_current_wal_flush_lsn() <= confirmed_flush_lsn FROM pg_replication_slots "
+                      "WHERE slot_name = %s", (slot,))[0][0]
+    batches = run_batches(stream(pg, db, slot, "pgoutput"), tmp_path / "ck")
+    assert batches == [] if idle else batches in ([], [[]])
+    db.execute("INSERT INTO other VALUES (1)")  # not published: no row (one empty batch, its end found without a decode)
+    assert sum(len(b) for b in run_batches(stream(pg, db, slot, "pgoutput"), tmp_path / "ck")) == 0
     write_transactions(db, [5], following)
     assert [len(b) for b in run_batches(stream(pg, db, slot, "pgoutput"), tmp_path / "ck")] == [5]
+
+
+def heartbeat_messages(db: Any, slot: str, plugin: str) -> list[Lsn]:
+    """The lsn of each non-transactional ``pgpoll.heartbeat`` message a peek of ``slot`` returns."""
+    if plugin == "pgoutput":
+        rows = db.execute("SELECT lsn::text FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', "
+                          "'1', 'publication_names', 'pub', 'messages', 'true') WHERE get_byte(data, 0) = 77 "
+                          "AND get_byte(data, 1) = 0 AND position('pgpoll.heartbeat'::bytea IN data) > 0", (slot,))
+    else:
+        rows = db.execute("SELECT lsn::text FROM pg_logical_slot_peek_changes(%s, NULL, NULL) WHERE data LIKE "
+                          "'message: transactional: 0 prefix: pgpoll.heartbeat,%%'", (slot,))
+    return [Lsn.parse(r[0]) for r in rows]
+
+
+@pytest.mark.parametrize("plugin", ["pgoutput", "test_decoding"])
+def test_without_limits_a_run_ends_at_a_message_it_wrote_and_finds_it_without_a_decode(pg: Any, db: Any,
+                                                                                       tmp_path: Path,
+                                                                                       plugin: str) -> None:
+    from pgpoll.spark.source_options import parse_options
+    from pgpoll.spark.stream_offsets import StreamOffsets
+
+    slot, twin, direct = make_slot(db, plugin), make_slot(db, plugin), make_slot(db, plugin)
+    sizes = [10, 300, 1, 40]
+    write_transactions(db, sizes)
+    # the driver's side alone, in this process: the run's end is a message's lsn, and no decode finds it
+    options = {"slot": direct, "dsn": db.dsn, **({"publication": "pub"} if plugin == "pgoutput" else {})}
+    offsets = StreamOffsets(parse_options(options, streaming=True))
+    try:
+        start = offsets.initial()
+        offsets.prepare_available_now()
+        assert offsets.cap_is_boundary and offsets.cap is not None
+        assert offsets.latest(start, None, None) == offsets.cap
+        assert offsets.latest(offsets.cap, None, None) == offsets.cap  # the run's last call: nothing new
+        assert offsets.decodes == 0 and offsets.last is None
+        assert heartbeat_messages(db, twin, plugin) == [offsets.cap]  # the message row's lsn is the returned one
+        assert confirmed(db, direct) == offsets.cap
+    finally:
+        offsets.stop()
+    # through Spark: one batch, every change once, the slot at that batch's end: the run's own message
+    batches = run_batches(stream(pg, db, slot, plugin), tmp_path / "ck")
+    rows = [r for b in batches for r in b]
+    assert [len(b) for b in batches] == [sum(sizes)]
+    assert sorted(int(r["after"]["id"]) for r in rows) == list(range(1, sum(sizes) + 1))
+    messages = heartbeat_messages(db, twin, plugin)
+    assert len(messages) == 2 and confirmed(db, slot) == messages[1] > max(Lsn(r["commit_lsn"]) for r in rows)
+
+
+def test_with_a_limit_each_batch_end_is_found_by_a_decode_capped_at_the_flush_position(db: Any) -> None:
+    from pgpoll.spark.source_options import parse_options
+    from pgpoll.spark.stream_offsets import StreamOffsets
+
+    slot, twin = make_slot(db, "test_decoding"), make_slot(db, "test_decoding")
+    write_transactions(db, [10, 10])
+    offsets = StreamOffsets(parse_options({"slot": slot, "dsn": db.dsn, "maxRowsPerTrigger": "10"}, streaming=True))
+    try:
+        start = offsets.initial()
+        offsets.prepare_available_now()
+        cap = offsets.cap
+        assert cap is not None and not offsets.cap_is_boundary and heartbeat_messages(db, twin, "test_decoding") == []
+        end = offsets.latest(start, 10, None)
+        assert offsets.decodes == 1 and offsets.last is not None and offsets.last.changes == 10 and end < cap
+    finally:
+        offsets.stop()
 
 
 # --- the slot moved under the query: an error, never a silent skip ---------------------------------------------------
@@ -173,6 +242,27 @@ def test_a_batch_rerun_after_the_slot_moved_fails_in_its_task(pg: Any, db: Any, 
         (tmp_path / "ck" / "commits" / name).unlink()
     text = expect_failure(lambda: run_batches(stream(pg, db, slot, "pgoutput"), tmp_path / "ck"), "SlotMovedError")
     assert "slot_reads.py" in text  # raised by the batch's read, in its task
+
+
+@pytest.mark.parametrize("plugin", ["pgoutput", "test_decoding"])
+def test_a_batch_that_stops_short_of_its_end_fails_in_its_task(db: Any, plugin: str) -> None:
+    """The task's exactness check: its peek must reach the batch's end, a COMMIT's or a message's lsn, exactly."""
+    from pgpoll.errors import SourceError
+    from pgpoll.source.commit_boundaries import mark_boundary, wait_flushed
+    from pgpoll.source.slots import peek_options
+    from pgpoll.spark.slot_reads import SlotRead, read_slot
+
+    slot = make_slot(db, plugin)
+    start = confirmed(db, slot)
+    write_transactions(db, [10])
+    conn = db.connect()
+    end = mark_boundary(conn, "{}")
+    wait_flushed(conn, end)
+    options = tuple(peek_options(plugin, publications=["pub"]))
+    exact = list(read_slot(SlotRead(db.dsn, slot, plugin, options, int(start), int(end))))
+    assert sum(b.num_rows for b in exact) == 10  # ends at the message: accepted, and the message is no row
+    with pytest.raises(SourceError, match="ended at"):
+        list(read_slot(SlotRead(db.dsn, slot, plugin, options, int(start), int(end) + 8)))  # past what the slot holds
 
 
 # --- rows ------------------------------------------------------------------------------------------------------------
