@@ -8,11 +8,16 @@ way (which checks it and caches its column layout), the rest of the run is
 cut at those separators with NumPy (no Python per row): every byte is told
 prefix, separator or value, the separators' bytes must be exactly the
 layout's and the values' bytes become one Arrow string array in the map's
-order. Each value is checked against the grammar test_decoding prints
+order. What a bulk insert mostly prints — numbers, and quoted literals with
+no quote inside — is taken as it stands: the quotes are counted over the
+run (exactly two per quoted value, at its ends) and the unquoted tokens'
+bytes compared (digits, one ``.``, a leading ``-``), and each value is the
+slice between its quotes, so no regex and no unquoting pass run. Any other
+run is checked value by value against the grammar test_decoding prints
 (``print_literal``, as :mod:`pgpoll.decode.text_values` reads it) with an
-anchored RE2 match, and unquoted with Arrow compute. The separators and values are copied out of
-the buffer by Arrow ``take`` s over the lines seen as consecutive pieces, not
-by masks over every byte.
+anchored RE2 match, and unquoted with Arrow compute. The separators and
+values are copied out of the buffer by Arrow ``take`` s over the lines seen
+as consecutive pieces, not by masks over every byte.
 
 Exact, not approximate: every separator ends in ``]:``, so one pass over
 the bytes finds them all; a line where that pair turns up more or less often
