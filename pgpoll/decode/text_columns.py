@@ -8,11 +8,16 @@ way (which checks it and caches its column layout), the rest of the run is
 cut at those separators with NumPy (no Python per row): every byte is told
 prefix, separator or value, the separators' bytes must be exactly the
 layout's and the values' bytes become one Arrow string array in the map's
-order. Each value is checked against the grammar test_decoding prints
+order. What a bulk insert mostly prints — numbers, and quoted literals with
+no quote inside — is taken as it stands: the quotes are counted over the
+run (exactly two per quoted value, at its ends) and the unquoted tokens'
+bytes compared (digits, one ``.``, a leading ``-``), and each value is the
+slice between its quotes, so no regex and no unquoting pass run. Any other
+run is checked value by value against the grammar test_decoding prints
 (``print_literal``, as :mod:`pgpoll.decode.text_values` reads it) with an
-anchored RE2 match, and unquoted with Arrow compute. The separators and values are copied out of
-the buffer by Arrow ``take`` s over the lines seen as consecutive pieces, not
-by masks over every byte.
+anchored RE2 match, and unquoted with Arrow compute. The separators and
+values are copied out of the buffer by Arrow ``take`` s over the lines seen
+as consecutive pieces, not by masks over every byte.
 
 Exact, not approximate: every separator ends in ``]:``, so one pass over
 the bytes finds them all; a line where that pair turns up more or less often
@@ -42,6 +47,7 @@ _BARE = r"null|true|false|NaN|-?Infinity|[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE
 _TOKEN = r"^(?:'[^']*(?:''[^']*)*'|B'[01]*'|" + _BARE + r")$"
 _BRACKET, _COLON = ord("]"), ord(":")
 _QUOTED = r"^'[^']*(?:''[^']*)*'$"
+_QUOTE, _MINUS, _DOT, _ZERO = ord("'"), ord("-"), ord("."), ord("0")
 
 
 def same_prefix_run(chunk: PeekChunk, lo: int, hi: int, prefix: bytes) -> int:
@@ -87,6 +93,93 @@ def _value(tokens: Any) -> pa.Array[Any] | None:
     return result
 
 
+def _plain_quoted(buf: Any, value_starts: Any, value_ends: Any) -> Any | None:
+    """Which values are quoted (an int array shaped like the bounds), when every quoted one is plain, else ``None``.
+
+    Plain: a quoted literal with no quote inside (``'name-1'``, a date) —
+    its value is the slice between the quotes, what :func:`_value` (hence the
+    row path) makes of it, so it needs no regex and no unquoting pass. Proved
+    by counting: the run holds exactly two quote bytes per quoted value and
+    each quoted value starts and ends with one, so there is no other quote in
+    the run at all. (Unquoted values are checked by :func:`_plain_numbers`.)
+    """
+    quoted = buf[value_starts] == _QUOTE
+    closed = (buf[value_ends - 1] == _QUOTE) & (value_ends - value_starts >= 2)
+    if not (closed | ~quoted).all() or np.count_nonzero(buf == _QUOTE) != 2 * np.count_nonzero(quoted):
+        return None
+    return quoted.astype(np.int64)
+
+
+def _plain_numbers(tokens: Any) -> bool:
+    """Whether every one of the (unquoted, nonempty) ``tokens`` is digits with at most one ``.`` and a leading ``-``.
+
+    Those are tokens the grammar takes as they are (``_BARE``): integers and
+    numerics, what a bulk insert mostly prints. Checked over the tokens' bytes
+    with comparisons (no regex, no Python per token); anything else (``null``,
+    ``true``, bits, ``NaN``, exponents, ``+``) makes the run take :func:`_value`.
+    """
+    if not len(tokens):
+        return True
+    offsets = np.frombuffer(tokens.buffers()[1], np.int32)[tokens.offset : tokens.offset + len(tokens) + 1]
+    data = np.frombuffer(tokens.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
+    starts = offsets[:-1] - offsets[0]
+    dot, minus = data == _DOT, data == _MINUS
+    if not ((data - np.uint8(_ZERO) < 10) | dot | minus).all():
+        return False
+    at_start = np.zeros(len(data), np.bool_)
+    at_start[starts] = True
+    if (minus & ~at_start).any():
+        return False  # a "-" after a token's first byte
+    token = np.searchsorted(starts, np.flatnonzero(dot), side="right") - 1
+    if (np.diff(token) == 0).any():
+        return False  # two dots in one token
+    digits = np.diff(offsets) - np.bincount(token, minlength=len(tokens)) - minus[starts]
+    return bool((digits >= 1).all())
+
+
+def _cut(buf: Any, starts: Any, begins: Any, value_starts: Any, separators: list[bytes],
+         inner: tuple[Any, Any] | None = None, quoted: Any = None) -> Any | None:
+    """The values of every line as one Arrow string array in the map's order, or ``None`` when a separator is
+    not the layout's or a value is not UTF-8.
+
+    Each line is seen as consecutive pieces of the buffer — the prefix, then
+    per column its separator and its value (with ``inner``, the value's
+    ``(starts, ends)`` within its token: the opening quote, the value, and the
+    closing quote as pieces of their own, and the unquoted values must be
+    :func:`_plain_numbers`) — whose offsets are the buffer's own
+    positions (no copy); Arrow's take copies out the separators (to compare
+    with the layout's) and the values, in the buffer's order: row by row,
+    column by column, the map's order.
+    """
+    n, width = value_starts.shape
+    step = 2 if inner is None else 4
+    per_line = 1 + step * width
+    bounds = np.empty((n, per_line), np.int32)
+    bounds[:, 0] = starts
+    bounds[:, 1::step] = begins
+    bounds[:, 2::step] = value_starts
+    if inner is not None:
+        bounds[:, 3::4], bounds[:, 4::4] = inner
+    offsets = np.append(bounds.ravel(), np.int32(len(buf)))
+    # numpy arrays export the buffer protocol (the stubs do not say so): no copy
+    pieces = pa.Array.from_buffers(pa.binary(), n * per_line, [None, pa.py_buffer(offsets), pa.py_buffer(buf)])  # type: ignore[arg-type]
+    index = np.arange(n * per_line, dtype=np.int32).reshape(n, per_line)
+    seen: Any = pieces.take(index[:, 1::step].ravel())
+    expected = np.frombuffer(b"".join(separators), np.uint8)  # (each separator was cut at the layout's length)
+    if not (np.frombuffer(seen.buffers()[2], np.uint8).reshape(n, len(expected)) == expected).all():
+        return None  # another column name or type
+    values = index[:, (2 if inner is None else 3)::step].ravel()
+    if quoted is not None and not _plain_numbers(pieces.take(values[quoted.ravel() == 0])):
+        return None
+    taken = pieces.take(values).buffers()
+    tokens: Any = pa.Array.from_buffers(pa.string(), n * width, taken)
+    try:
+        tokens.validate(full=True)  # UTF-8
+    except pa.ArrowInvalid:
+        return None
+    return tokens
+
+
 def insert_run_after(
     chunk: PeekChunk, lo: int, hi: int, prefix_length: int, layout: Sequence[tuple[str, str]], names: Sequence[str]
 ) -> pa.MapArray[Any, Any] | None:
@@ -107,16 +200,15 @@ def insert_run_after(
     if len(buf) >= 2**31:
         return None
     separators = [f" {name}[{kind}]:".encode() for name, kind in layout]
-    # Every separator ends in "]:"; find them all in one pass over the bytes, skipping the prefix.
+    # Every separator ends in "]:"; find them all in one pass over the bytes.
     colon = np.flatnonzero(buf == _COLON)
     colon = colon[colon > 0]
     colon = colon[buf[colon - 1] == _BRACKET]
-    line = np.searchsorted(starts, colon, side="right") - 1
-    keep = colon - starts[line] >= prefix_length
-    colon, line = colon[keep], line[keep]
-    if len(colon) != n * width or (np.bincount(line, minlength=n) != width).any():
-        return None  # a value holds "]:", or the line has another column count: row by row
-    found = colon.reshape(n, width)  # positions ascend, lines are in order: row i's are row i of this
+    if len(colon) != n * width:
+        return None  # a value holds "]:", or a line has another column count: row by row
+    found = colon.reshape(n, width)  # positions ascend and lines follow each other: row i's, if each is in line i
+    if (found[:, 0] < starts + prefix_length).any() or (found[:, -1] >= ends).any():
+        return None  # row i's first and last lie in line i past its prefix, hence all of them: as many in each line
     sizes = np.array([len(sep) for sep in separators], np.int64)
     begins = found - (sizes - 1)  # where each separator starts
     if (begins[:, 0] != starts + prefix_length).any() or (begins[:, 1:] <= found[:, :-1] + 1).any():
@@ -127,29 +219,12 @@ def insert_run_after(
     value_ends[:, -1] = ends
     if ((value_ends - value_starts) <= 0).any():
         return None
-    # Each line as consecutive pieces of the buffer — the prefix, then per column its separator and its value —
-    # whose offsets are the buffer's own positions (no copy); Arrow's take copies out the separators (to compare
-    # with the layout's) and the values, in the buffer's order: row by row, column by column, the map's order.
-    per_line = 1 + 2 * width
-    bounds = np.empty((n, per_line), np.int32)
-    bounds[:, 0] = starts
-    bounds[:, 1::2] = begins
-    bounds[:, 2::2] = value_starts
-    offsets = np.append(bounds.ravel(), np.int32(len(buf)))
-    # numpy arrays export the buffer protocol (the stubs do not say so): no copy
-    pieces = pa.Array.from_buffers(pa.binary(), n * per_line, [None, pa.py_buffer(offsets), pa.py_buffer(buf)])  # type: ignore[arg-type]
-    index = np.arange(n * per_line, dtype=np.int32).reshape(n, per_line)
-    seen: Any = pieces.take(index[:, 1::2].ravel())
-    expected = np.frombuffer(b"".join(separators), np.uint8)  # (each separator was cut at the layout's length)
-    if not (np.frombuffer(seen.buffers()[2], np.uint8).reshape(n, len(expected)) == expected).all():
-        return None  # another column name or type
-    taken = pieces.take(index[:, 2::2].ravel()).buffers()
-    tokens: Any = pa.Array.from_buffers(pa.string(), n * width, taken)
-    try:
-        tokens.validate(full=True)  # UTF-8
-    except pa.ArrowInvalid:
-        return None
-    items = _value(tokens)
+    quoted = _plain_quoted(buf, value_starts, value_ends)  # the common case: values are slices, nothing to unquote
+    items = None if quoted is None else _cut(buf, starts, begins, value_starts, separators,
+                                             (value_starts + quoted, value_ends - quoted), quoted)
+    if items is None:  # a value that is not plain (or not the layout, or not UTF-8: the general way declines too)
+        tokens = _cut(buf, starts, begins, value_starts, separators)
+        items = None if tokens is None else _value(tokens)
     if items is None:
         return None
     keys = repeated_keys(tuple(names), n)

@@ -11,14 +11,17 @@ text that is not UTF-8.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
 from pgpoll.changes import RowChange
+from pgpoll.decode import text_columns
 from pgpoll.decode.decoders import TextRows
-from pgpoll.decode.pgoutput_columns import PeekChunk
+from pgpoll.decode.pgoutput_columns import MIN_RUN, PeekChunk
 from pgpoll.decode.text_decoder import TestDecodingDecoder
+from pgpoll.errors import DecodeError
 from tests.decode.test_test_decoding_corpus import corpus  # noqa: F401 -- the fixture
 
 _HEAD = "table public.t: INSERT:"
@@ -105,3 +108,47 @@ def test_every_corpus_insert_line_decodes_alike(corpus: list[dict[str, Any]]) ->
         else:  # declined: only where the row path's values hold something the column path does not take
             assert b"unchanged-toast-datum" in line or b": INSERT:" in line.split(b": INSERT:", 1)[1], line[:120]
     assert taken >= len(inserts) * 0.9
+
+
+def _random_token(rng: random.Random, quoted: bool, odd: float) -> str:
+    """A value as test_decoding prints it: plain (numbers, quoted text without quotes), or with odds ``odd`` not."""
+    if quoted:
+        alphabet = "ab -.:][☃\\0," + ("'" if rng.random() < odd else "")
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 8))).replace("]:", "]x")  # (see below)
+        return "'" + text.replace("'", "''") + "'" if rng.random() >= odd else rng.choice(["null", "'null'"])
+    if rng.random() >= odd:
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randrange(1, 6)))
+        cut = rng.randrange(0, len(digits) + 1)
+        return rng.choice(["", "-"]) + (digits[:cut] + "." + digits[cut:] if rng.random() < 0.5 else digits)
+    return rng.choice(["null", "NaN", "-Infinity", "1e5", "+1", "true", "B'01'", "-", ".", "1.2.3", "--1", "1-", "-."])
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_values_equal_the_row_path(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random runs of values: the column path gives the row path's values, or declines where the row path refuses a
+    line; a run of plain values (even seeds) is cut without the general unquoting."""
+    rng = random.Random(seed)
+    plain = seed % 2 == 0
+    if plain:
+        monkeypatch.setattr(text_columns, "_value", lambda tokens: pytest.fail("the general path ran"))
+    odd = 0.0 if plain else 0.0002  # per line after the first: about 1% at line 50
+    n = rng.randrange(MIN_RUN + 2, 80)  # (a shorter run goes row by row)
+    lines = [_line(f"n[numeric]:{_random_token(rng, False, odd * i)}", f"v[text]:{_random_token(rng, True, odd * i)}",
+                   f"m[bigint]:{_random_token(rng, False, odd * i)}") for i in range(n)]  # (the row path takes line 0)
+    got = _columnwise(lines)
+    try:
+        reference = _reference(lines)
+    except DecodeError:  # a line the row path refuses: the column path must not take the run
+        assert got is None
+        return
+    assert got is not None or not plain  # (a value holding "]:" declines a run: test_values_equal_the_row_path)
+    assert got is None or (got[0] == n and got[1] == reference[1:])
+
+
+def test_plain_values_are_cut_without_unquoting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Numbers and quoted text without quotes are sliced out as they are: the general unquoting is not run."""
+    monkeypatch.setattr(text_columns, "_value", lambda tokens: pytest.fail("the general path ran"))
+    lines = [_line(f"n[numeric]:{-i}.5", f"v[text]:'name-{i} 12:00:00+00 a]b'", f"m[bigint]:{i * 7}")
+             for i in range(30)]
+    got = _columnwise(lines)
+    assert got is not None and got[0] == 30 and got[1] == _reference(lines)[1:]
