@@ -26,6 +26,12 @@ decode (the server aggregates the peek and ships one row:
 the stream's time, and are also shown on their own (the same calls on the
 backlog, batch after batch, without Spark).
 
+Also shown: Spark's own Parquet writer on the change rows ingest wrote
+(``--run-copy``: read and cached, then written as the file sink writes them,
+after a one-row write): the part of the stream's time that no source can
+remove, since a stream's rows reach a Parquet sink through it, while ingest
+writes its files with pyarrow.
+
     python bench/bench_stream.py [--changes 1000000] [--plugin pgoutput] [--repeat 3] [--txn-rows 10000] [--max-rows N]
 """
 
@@ -76,6 +82,41 @@ def run_query(spec: dict[str, Any]) -> None:
     spark.stop()
 
 
+def run_copy(spec: dict[str, Any]) -> None:
+    """Spark's own Parquet writer on the change rows ``pgpoll ingest`` wrote (``--run-copy``): the part of the
+    stream's time no source can remove, since a stream's rows reach a file sink through it.
+
+    The rows are read and cached first (not timed), then written once as a Parquet file sink writes them; a
+    one-row write first loads the writer's classes, as the stream's empty run does.
+    """
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.appName("pgpoll-bench-stream-copy").config("spark.ui.enabled", "false")
+             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    rows = spark.read.parquet(*spec["files"]).cache()
+    count = rows.count()
+    rows.limit(1).write.parquet(spec["path"] + "_warm")
+    started = time.perf_counter()
+    rows.write.parquet(spec["path"])
+    seconds = time.perf_counter() - started
+    print(json.dumps({"rows": count, "write_s": seconds}))
+    spark.stop()
+
+
+def _copy(ingest_out: Path, work: Path) -> float:
+    """Seconds Spark's Parquet writer takes for the change rows of ``ingest_out`` (:func:`run_copy`)."""
+    files = sorted(str(f) for f in ingest_out.glob("changes/lsn_range=*/*.parquet"))
+    spec = {"files": files, "path": str(work / "copy")}
+    proc = subprocess.run([sys.executable, __file__, "--run-copy", json.dumps(spec)], capture_output=True, text=True,
+                          env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+    if proc.returncode != 0:
+        raise SystemExit(f"copy failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    shutil.rmtree(work / "copy", ignore_errors=True)
+    shutil.rmtree(work / "copy_warm", ignore_errors=True)
+    return float(json.loads(proc.stdout.strip().splitlines()[-1])["write_s"])
+
+
 def _stream(dsn: str, slot: str, plugin: str, work: Path, max_rows: int | None) -> tuple[float, dict[str, Any]]:
     spec = {"slot": slot, "path": str(work / f"sink_{slot}"), "checkpoint": str(work / f"ck_{slot}"),
             "publication": "bench_pub" if plugin == "pgoutput" else None, "maxRowsPerTrigger": max_rows}
@@ -91,7 +132,7 @@ def _stream(dsn: str, slot: str, plugin: str, work: Path, max_rows: int | None) 
     return seconds, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _ingest(dsn: str, slot: str, plugin: str, work: Path) -> tuple[float, dict[str, Any]]:
+def _ingest(dsn: str, slot: str, plugin: str, work: Path, keep: bool = False) -> tuple[float, dict[str, Any]]:
     args = [sys.executable, str(REPO / "jobs" / "ingest.py"), "--slot", slot, "--output", str(work / f"out_{slot}")]
     if plugin == "pgoutput":
         args += ["--publication", "bench_pub"]
@@ -101,7 +142,8 @@ def _ingest(dsn: str, slot: str, plugin: str, work: Path) -> tuple[float, dict[s
     seconds = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"ingest failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    shutil.rmtree(work / f"out_{slot}", ignore_errors=True)
+    if not keep:
+        shutil.rmtree(work / f"out_{slot}", ignore_errors=True)
     return seconds, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -136,9 +178,13 @@ def main() -> None:
     parser.add_argument("--txn-rows", type=int, default=10_000)
     parser.add_argument("--max-rows", type=int, default=None, help="the stream's maxRowsPerTrigger (default: none)")
     parser.add_argument("--run-query", help=argparse.SUPPRESS)
+    parser.add_argument("--run-copy", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run_query:
         run_query(json.loads(args.run_query))
+        return
+    if args.run_copy:
+        run_copy(json.loads(args.run_copy))
         return
     found = find_bindirs()
     inst = found.get(15) or found[max(found)]
@@ -166,13 +212,15 @@ def main() -> None:
             empty_stream_s, _ = _stream(dsn, f"nst_{run}", args.plugin, work, args.max_rows)
             stream_s, stream_summary = _stream(dsn, f"str_{run}", args.plugin, work, args.max_rows)
             empty_ingest_s, _ = _ingest(dsn, f"nin_{run}", args.plugin, work)
-            ingest_s, ingest_summary = _ingest(dsn, f"ing_{run}", args.plugin, work)
+            ingest_s, ingest_summary = _ingest(dsn, f"ing_{run}", args.plugin, work, keep=True)
+            copy_s = _copy(work / f"out_ing_{run}", work)
+            shutil.rmtree(work / f"out_ing_{run}", ignore_errors=True)
             if stream_summary["rows"] != ingest_summary["changes"]:
                 raise SystemExit(f"the stream read {stream_summary['rows']} changes, ingest wrote {ingest_summary['changes']}")
             results.append({
                 "decode_s": decode_s, "stream_s": stream_s, "empty_stream_s": empty_stream_s, "ingest_s": ingest_s,
                 "empty_ingest_s": empty_ingest_s, "stream_net_s": stream_s - empty_stream_s,
-                "ingest_net_s": ingest_s - empty_ingest_s, "batches": stream_summary["batches"],
+                "ingest_net_s": ingest_s - empty_ingest_s, "copy_s": copy_s, "batches": stream_summary["batches"],
                 "ingest_batches": ingest_summary["batches"],
                 "ratio": (stream_s - empty_stream_s) / max(ingest_s - empty_ingest_s, 1e-9),
             })
@@ -195,6 +243,9 @@ def main() -> None:
             print("  no decode on the driver: the run's one batch ends at a message the run writes")
         print(f"  pgpoll ingest, PGPOLL_DRIVER_BATCH_WAL=0 ({m('ingest_batches'):.0f} batches, each a Spark job): "
               f"{m('ingest_s'):.2f} s, empty run {m('empty_ingest_s'):.2f} s, net {m('ingest_net_s'):.2f} s")
+        print(f"  Spark's Parquet writer alone on ingest's change rows (cached, then written as the file sink writes): "
+              f"{m('copy_s'):.2f} s = {m('copy_s') / max(m('ingest_net_s'), 1e-9):.2f}x ingest's net "
+              "(a part of the stream's time no source removes)")
         print(f"  stream / ingest, each net of its empty run: {m('ratio'):.2f}x (goal <= 1.5x); per run: "
               + ", ".join(f"{r['ratio']:.2f}x ({r['stream_net_s']:.1f} s / {r['ingest_net_s']:.1f} s)" for r in results))
     finally:
