@@ -31,7 +31,15 @@ import pyarrow as pa
 from pgpoll.errors import PgpollError, SinkError
 from pgpoll.ingest.batch_assembler import BatchAssembler
 from pgpoll.ingest.task import BatchOutcome, BatchSpec, iter_batch
-from pgpoll.sink.parquet_writer import ENVELOPE_DICTIONARY, PYARROW, SPARK, PartFiles, WriterThread, clear_directory
+from pgpoll.sink.parquet_writer import (
+    ENVELOPE_DICTIONARY,
+    ENVELOPE_STATISTICS,
+    PYARROW,
+    SPARK,
+    PartFiles,
+    WriterThread,
+    clear_directory,
+)
 
 if TYPE_CHECKING:
     from pgpoll.sink.typed_tables import TypedTableWriters
@@ -130,7 +138,7 @@ def _write_files(spec: BatchSpec, outcome: BatchOutcome, envelope_dir: str, type
     clear_directory(envelope_dir)  # an earlier attempt of this task (the driver clears before each batch)
     if typed_dir is not None:
         clear_directory(typed_dir)
-    envelope = PartFiles(envelope_dir, dictionary=ENVELOPE_DICTIONARY)
+    envelope = PartFiles(envelope_dir, dictionary=ENVELOPE_DICTIONARY, statistics=ENVELOPE_STATISTICS)
     writes = WriterThread()
     typed_writes = WriterThread() if typed_dir is not None else None  # its own thread: both overlap decoding
 

@@ -59,8 +59,8 @@ def _arrow_chunks(batches: Iterator[pa.RecordBatch]) -> Iterator[Chunk]:
         if batch.num_rows:
             columns = PeekChunk.of_arrow(batch.column(2))
             lsns = batch.column(0).to_numpy()  # never null: no copy
-            xids = batch.column(1)
-            yield Chunk(lsns, lambda row, x=xids: x[row].as_py(), columns.value, columns)  # type: ignore[misc]
+            xids = batch.column(1).to_numpy()
+            yield Chunk(lsns, lambda row, x=xids: int(x[row]), columns.value, columns)  # type: ignore[misc]
 
 
 def prefetched(items: Iterator[T], depth: int = 2) -> Iterator[T]:

@@ -75,6 +75,15 @@ ENVELOPE_DICTIONARY = [
 ]
 
 
+#: The envelope's columns with statistics: its scalars, which readers prune row groups and files with (the LSNs
+#: above all). Min/max of the maps' keys and values prune nothing (Spark pushes no filter into a map) and were a
+#: fifth of the envelope's encoding time (1M changes: 0.63 s with them, 0.50 s without).
+ENVELOPE_STATISTICS = [
+    "commit_lsn", "lsn", "seq", "xid", "commit_ts", "op", "schema_name", "table_name", "message_prefix",
+    "transactional", "schema_id",
+]
+
+
 def choose_writer(staging: str, requested: str | None = None) -> str:
     """``"pyarrow"`` when the task can write ``staging`` itself (local path, ``file:`` URI), else ``"spark"``.
 
@@ -144,13 +153,19 @@ class PartFiles:
     :meth:`open` starts a new file with a schema (a second call with another
     schema closes the current file first); :meth:`write` appends one record
     batch as a row group. :meth:`close` returns ``{file name: size}``.
-    ``dictionary`` names the only columns to dictionary-encode (default: all).
+    ``dictionary`` names the only columns to dictionary-encode, ``statistics`` the only ones with column
+    statistics (default: all, for either).
     """
 
-    def __init__(self, directory: str, fs: pafs.FileSystem | None = None, dictionary: list[str] | None = None) -> None:
+    def __init__(self, directory: str, fs: pafs.FileSystem | None = None, dictionary: list[str] | None = None,
+                 statistics: list[str] | None = None) -> None:
         self.directory = directory
         self.fs = fs if fs is not None else pafs.LocalFileSystem()
-        self._options = dict(WRITE_OPTIONS, use_dictionary=dictionary) if dictionary is not None else WRITE_OPTIONS
+        self._options = dict(WRITE_OPTIONS)
+        if dictionary is not None:
+            self._options["use_dictionary"] = dictionary
+        if statistics is not None:
+            self._options["write_statistics"] = statistics
         self._writer: pq.ParquetWriter | None = None
         self._schema: pa.Schema | None = None
         self._names: list[str] = []

@@ -74,12 +74,8 @@ class _Images:
         k = int(lengths[0])
         if k == 0 or bool((lengths != k).any()):
             return None
-        first = self.keys.slice(0, k)
-        names = first.to_pylist()
-        if len(set(names)) != k:
-            return None
-        tiled = first.take(pa.array(np.tile(np.arange(k, dtype=np.int64), self.rows)))
-        if pc.all(pc.equal(self.keys, tiled)).as_py() is not True:
+        names = self.keys.slice(0, k).to_pylist()
+        if len(set(names)) != k or not _rows_repeat(self.keys, k):
             return None
         return {str(name): i for i, name in enumerate(names)}
 
@@ -101,6 +97,26 @@ class _Images:
             return pa.nulls(self.rows, pa.string())
         found_values: pa.Array[Any] = self.values.take(pa.array(index, pa.int64(), mask=missing))
         return found_values
+
+
+def _rows_repeat(keys: Any, k: int) -> bool:
+    """Whether every row's ``k`` keys are the first row's, byte for byte: their lengths, then their bytes.
+
+    Compared as NumPy views of the key strings' offsets and bytes (no string
+    is built or copied): a row's keys lie back to back, so with equal lengths
+    every row spans as many bytes as the first, and the bytes form a matrix.
+    """
+    offsets_buffer, data_buffer = keys.buffers()[1:3]
+    offsets = np.frombuffer(memoryview(offsets_buffer), np.int32, len(keys) + 1, keys.offset * 4).astype(np.int64)
+    lengths = np.diff(offsets).reshape(-1, k)
+    if bool((lengths != lengths[0]).any()):
+        return False
+    width = int(lengths[0].sum())
+    if width == 0:
+        return True
+    data = np.frombuffer(memoryview(data_buffer), np.uint8, len(lengths) * width, int(offsets[0]))
+    rows = data.reshape(-1, width)
+    return not bool((rows != rows[0]).any())
 
 
 def typed_columns_batch(batch: pa.RecordBatch, layout: TypedLayout) -> pa.RecordBatch:

@@ -127,11 +127,17 @@ TYPED_DICTIONARY = ["_op", "_commit_lsn", "_commit_ts", "_xid", "_schema_id", "_
                     "_untyped.key_value.key"]
 
 
+#: The rows :func:`typed_dictionary` counts distinct values in (counting a whole batch's was a tenth of its typing).
+_DICTIONARY_SAMPLE = 4096
+
+
 def typed_dictionary(batch: pa.RecordBatch, typed: TypedLayout) -> list[str]:
     """The columns of a new typed file worth a dictionary: the meta columns above, and the table's columns
-    with at most one distinct value in two rows of ``batch`` (its first rows). A dictionary for nearly
-    distinct values (keys, names, amounts) is built, outgrows its page and is thrown away: time for nothing."""
+    with at most one distinct value in two rows of ``batch``'s first :data:`_DICTIONARY_SAMPLE` rows. A
+    dictionary for nearly distinct values (keys, names, amounts) is built, outgrows its page and is thrown
+    away: time for nothing."""
     out = list(TYPED_DICTIONARY)
+    batch = batch.slice(0, _DICTIONARY_SAMPLE)
     for physical, _name, _type in typed.columns:
         column = batch.column(physical)
         if pa.types.is_nested(column.type):  # (lists, intervals: left plain)

@@ -5,7 +5,7 @@ server its output functions (a ``timestamptz`` formatted as a date, per
 row) and the client a text parse of every value; ``FORMAT binary`` costs
 the server about 40% less (measured on the 2M-row benchmark table: 0.6 s
 against 1.0 s), and adbc-driver-postgresql parses the binary stream into
-Arrow record batches in C++ (about 16 MB each: memory stays bounded). The
+Arrow record batches in C++ (about 4 MB each: memory stays bounded). The
 kinds :mod:`pgpoll.typed.native_values` converts exactly are selected as
 they are; every other column as the server's own text of it (``col::text``
 where that cast is the type's output function, else ``format('%s', col)``,
@@ -34,7 +34,7 @@ import psycopg2.extensions
 import pyarrow as pa
 
 from pgpoll.errors import PgpollError, SharedSnapshotLostError, TableRewrittenError
-from pgpoll.source.arrow_peek import FetchUnavailableError
+from pgpoll.source.arrow_peek import FetchUnavailableError, set_batch_bytes
 from pgpoll.source.connection import ConnectionTarget, connect, connect_kwargs, redact, resolve_dsn
 from pgpoll.source.names import double_quote, sql_literal
 from pgpoll.source.server_errors import translate
@@ -58,12 +58,6 @@ class _ServerError(Exception):
         super().__init__(line)
         self.pgcode = sqlstate
         self.pgerror = line.splitlines()[0].rstrip(". ") if line else text
-
-
-#: Bytes of COPY data per record batch: a task holds about three (one read ahead, one converted, one written),
-#: so its memory does not follow the chunk's size (the driver's default is 16 MB).
-BATCH_BYTES = 4 << 20
-_BATCH_BYTES = "adbc.postgresql.batch_size_hint_bytes"
 
 
 def prefetched(reader: Any, depth: int = 1) -> Iterator[pa.RecordBatch]:
@@ -198,7 +192,7 @@ class BinaryChunkReader:
             def batches() -> Iterator[pa.RecordBatch]:
                 nonlocal done
                 try:
-                    cur.adbc_statement.set_options(**{_BATCH_BYTES: str(BATCH_BYTES)})
+                    set_batch_bytes(cur)  # a task's memory does not follow the chunk's size
                     cur.execute(binary_copy_query(t, chunk, native, extra))
                     yield from prefetched(cur.fetch_record_batch())
                     self._conn.commit()
