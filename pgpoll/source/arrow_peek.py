@@ -4,9 +4,10 @@ Why: psycopg2 receives ``bytea`` as hex text and builds a Python object per
 value; for a backlog of a million changes that is seconds on top of the
 server's own decode. adbc-driver-postgresql runs the peek as
 ``COPY (query) TO STDOUT (FORMAT binary)`` and parses the stream in C++ into
-Arrow record batches (about 4 MB each, :data:`BATCH_BYTES`: memory stays bounded): the
-``data`` column arrives as one contiguous buffer with offsets, which is what
-:class:`pgpoll.decode.pgoutput_columns.PeekChunk` reads without a copy per row.
+Arrow record batches (about 4 MB each, :data:`BATCH_BYTES`: memory stays
+bounded): the ``data`` column arrives as one contiguous buffer with
+offsets, which is what :class:`pgpoll.decode.pgoutput_columns.PeekChunk`
+reads without a copy per row.
 
 Same transaction rules as :func:`pgpoll.source.slots.peek_chunks`: one
 transaction, the session settings pinned inside it with ``set_config(...,
@@ -124,6 +125,7 @@ def set_batch_bytes(cursor: Any) -> None:
     """Make an ADBC cursor's next result arrive in record batches of about :data:`BATCH_BYTES`."""
     cursor.adbc_statement.set_options(**{"adbc.postgresql.batch_size_hint_bytes": str(BATCH_BYTES)})
 
+
 #: The binary wire form of the peek's ``lsn`` (pg_lsn_send: a big-endian int64) and ``xid`` (xidsend: uint32).
 _WIRE_INTEGERS = {"lsn": ">i8", "xid": ">u4"}
 
@@ -134,11 +136,11 @@ def _as_int64(column: pa.Array[Any], name: str) -> pa.Array[Any]:
     Why: asking the server for numbers instead (``(lsn - '0/0')::bigint``,
     ``xid::text::bigint``) goes through ``numeric`` and text for every row,
     which made the server's side of a million-row peek about 0.35 s slower
-    here (a third of its decode: ``COPY`` 1.71-1.76 s against 1.39 s with
-    the columns as they are; ``count(*)`` of the peek 1.08-1.17 s). adbc-driver-postgresql has no Arrow
-    type for ``pg_lsn`` and ``xid`` and hands over their binary form as
-    opaque values: fixed-width big-endian integers, read here in one NumPy
-    pass. Neither column is ever null (``LogicalOutputWrite`` in
+    here, a third of its decode (``COPY`` 1.71-1.76 s against 1.39 s with
+    the columns as they are; ``count(*)`` of the peek 1.08-1.17 s).
+    adbc-driver-postgresql has no Arrow type for ``pg_lsn`` and ``xid`` and
+    hands over their binary form as opaque values: fixed-width big-endian
+    integers, read here in one NumPy pass. Neither column is ever null (``LogicalOutputWrite`` in
     logicalfuncs.c fills both). A column that already arrives as integers
     (a driver that maps the types) is cast.
     """
