@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -105,6 +106,7 @@ def main() -> None:
         proxy.stop()
         store.stop()
         cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)  # the local outputs (about 80 MB a run)
 
     def median(key: str) -> float:
         return statistics.median(r[key] for r in runs)
