@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.lib.stride_tricks import sliding_window_view
 
+from pgpoll.decode.arrow_buffers import value_bytes, value_offsets
 from pgpoll.decode.pgoutput_tuples import PgoutputRelation
 
 __all__ = ["MAX_RUN_BYTES", "MIN_RUN", "Ints", "PeekChunk", "insert_run_after", "repeated_keys"]
@@ -78,13 +79,8 @@ class PeekChunk:
     @classmethod
     def of_arrow(cls, data: pa.Array[Any]) -> PeekChunk:
         """From an Arrow ``binary`` / ``large_binary`` column without nulls (ADBC's peek): no copy."""
-        offsets_buffer, values_buffer = data.buffers()[1:3]
-        width = np.int64 if pa.types.is_large_binary(data.type) else np.int32
-        assert offsets_buffer is not None
-        raw = np.frombuffer(memoryview(offsets_buffer), width)[data.offset : data.offset + len(data) + 1]
-        offsets: Ints = raw.astype(np.int64)
-        buf = np.frombuffer(memoryview(values_buffer), np.uint8) if values_buffer is not None else np.zeros(0, np.uint8)
-        return cls(buf, offsets[:-1], offsets[1:])
+        offsets = value_offsets(data)
+        return cls(value_bytes(data), offsets[:-1], offsets[1:])
 
     def as_binary(self, lo: int, hi: int) -> pa.Array[Any]:
         """Rows ``lo..hi`` as an Arrow ``binary`` array over this buffer (no copy)."""

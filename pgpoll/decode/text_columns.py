@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pgpoll.decode.arrow_buffers import value_bytes, value_offsets
 from pgpoll.decode.pgoutput_columns import PeekChunk, repeated_keys
 
 __all__ = ["insert_run_after", "same_prefix_run"]
@@ -120,8 +121,8 @@ def _plain_numbers(tokens: Any) -> bool:
     """
     if not len(tokens):
         return True
-    offsets = np.frombuffer(tokens.buffers()[1], np.int32)[tokens.offset : tokens.offset + len(tokens) + 1]
-    data = np.frombuffer(tokens.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
+    offsets = value_offsets(tokens)
+    data = value_bytes(tokens)[offsets[0] : offsets[-1]]
     starts = offsets[:-1] - offsets[0]
     dot, minus = data == _DOT, data == _MINUS
     if not ((data - np.uint8(_ZERO) < 10) | dot | minus).all():

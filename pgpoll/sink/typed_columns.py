@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pgpoll.decode.arrow_buffers import value_bytes, value_offsets
 from pgpoll.typed.conversions import to_arrow
 from pgpoll.typed.mapping import PgType, arrow_type
 from pgpoll.typed.rows import TypedLayout, assemble_typed_batch
@@ -106,16 +107,14 @@ def _rows_repeat(keys: Any, k: int) -> bool:
     is built or copied): a row's keys lie back to back, so with equal lengths
     every row spans as many bytes as the first, and the bytes form a matrix.
     """
-    offsets_buffer, data_buffer = keys.buffers()[1:3]
-    offsets = np.frombuffer(memoryview(offsets_buffer), np.int32, len(keys) + 1, keys.offset * 4).astype(np.int64)
+    offsets = value_offsets(keys)
     lengths = np.diff(offsets).reshape(-1, k)
     if bool((lengths != lengths[0]).any()):
         return False
     width = int(lengths[0].sum())
     if width == 0:
         return True
-    data = np.frombuffer(memoryview(data_buffer), np.uint8, len(lengths) * width, int(offsets[0]))
-    rows = data.reshape(-1, width)
+    rows = value_bytes(keys)[offsets[0] : offsets[0] + len(lengths) * width].reshape(-1, width)
     return not bool((rows != rows[0]).any())
 
 

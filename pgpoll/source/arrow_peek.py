@@ -34,6 +34,7 @@ import numpy as np
 import psycopg2.extensions
 import pyarrow as pa
 
+from pgpoll.decode.arrow_buffers import value_bytes, value_offsets
 from pgpoll.errors import ConfigError
 from pgpoll.lsn import Lsn
 from pgpoll.source.connection import ConnectionTarget, connect_kwargs, redact
@@ -153,12 +154,10 @@ def _as_int64(column: pa.Array[Any], name: str) -> pa.Array[Any]:
     n = len(storage)
     if not n:
         return pa.array([], pa.int64())
-    offsets_buffer, data = storage.buffers()[1:3]
-    assert offsets_buffer is not None and data is not None
-    offsets = np.frombuffer(memoryview(offsets_buffer), np.int32, n + 1, storage.offset * 4)
+    offsets = value_offsets(storage)
     if not (np.diff(offsets) == dtype.itemsize).all():
         raise pa.ArrowInvalid(f"the peek's {name} column has values that are not {dtype.itemsize} bytes wide")
-    return pa.array(np.frombuffer(memoryview(data), dtype, n, int(offsets[0])).astype(np.int64))
+    return pa.array(np.frombuffer(value_bytes(storage), dtype, n, int(offsets[0])).astype(np.int64))
 
 
 def _with_int64_ids(batch: pa.RecordBatch) -> pa.RecordBatch:
