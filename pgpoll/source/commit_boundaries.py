@@ -37,9 +37,9 @@ from typing import Any
 
 import psycopg2
 
-from pgpoll.changes import HEARTBEAT_PREFIX
 from pgpoll.errors import SourceError
 from pgpoll.lsn import Lsn
+from pgpoll.source.control import write_heartbeat
 from pgpoll.source.names import check_slot_name
 from pgpoll.source.server_errors import translate
 from pgpoll.source.session import pinned_transaction
@@ -222,9 +222,6 @@ def flush_position(conn: Any) -> Lsn:
         raise translate(exc) from None
 
 
-_FLUSH_ARG_SINCE = 170000  # pg_logical_emit_message(..., flush => true): PostgreSQL 17+
-
-
 def mark_boundary(conn: Any, content: str) -> Lsn:
     """Write a non-transactional ``pgpoll.heartbeat`` message; its LSN is a boundary made without a decode.
 
@@ -247,15 +244,7 @@ def mark_boundary(conn: Any, content: str) -> Lsn:
     a peek sees it once :func:`wait_flushed` says so. From 17 the call flushes
     it (``flush => true``).
     """
-    flush = conn.server_version >= _FLUSH_ARG_SINCE
-    sql = ("SELECT pg_logical_emit_message(false, %s, %s, true)::text" if flush
-           else "SELECT pg_logical_emit_message(false, %s, %s)::text")
-    try:
-        with pinned_transaction(conn, readonly=False) as cur:
-            cur.execute(sql, (HEARTBEAT_PREFIX, content))
-            return Lsn.parse(cur.fetchone()[0])
-    except psycopg2.Error as exc:
-        raise translate(exc) from None
+    return write_heartbeat(conn, content, transactional=False)
 
 
 def wait_flushed(conn: Any, lsn: Lsn, timeout_s: float = 30.0) -> Lsn:

@@ -43,6 +43,35 @@ T = TypeVar("T")
 START_RETRY_SQLSTATES = frozenset({"57P03", "53300"})
 
 
+_FLUSH_ARG_SINCE = 170000  # pg_logical_emit_message(..., flush => true): PostgreSQL 17+
+
+
+def write_heartbeat(conn: Any, content: str, *, transactional: bool, slot: str | None = None) -> Lsn:
+    """Write a ``pgpoll.heartbeat`` message with ``content`` in its own transaction; returns its LSN.
+
+    Transactional (the ingest's heartbeat): committed synchronously, so it
+    is durable and decodable when this returns, and a peek returns it with its
+    transaction. Not transactional (a Spark run's end, see
+    :func:`pgpoll.source.commit_boundaries.mark_boundary`): decoded as written,
+    flushed by the call from PostgreSQL 17 (``flush => true``); below 17 the
+    WAL writer flushes it within ``wal_writer_delay``.
+    """
+    if transactional:
+        sql = "SELECT pg_logical_emit_message(true, %s, %s)::text"
+    elif conn.server_version >= _FLUSH_ARG_SINCE:
+        sql = "SELECT pg_logical_emit_message(false, %s, %s, true)::text"
+    else:
+        sql = "SELECT pg_logical_emit_message(false, %s, %s)::text"
+    try:
+        with pinned_transaction(conn, readonly=False) as cur:
+            if transactional:
+                cur.execute("SET LOCAL synchronous_commit = on")
+            cur.execute(sql, (HEARTBEAT_PREFIX, content))
+            return Lsn.parse(cur.fetchone()[0])
+    except psycopg2.Error as exc:
+        raise translate(exc, slot=slot) from None
+
+
 def _reason(exc: BaseException | None) -> str:
     if exc is None:
         return "unknown"
@@ -141,17 +170,7 @@ class ControlConnection:
     def emit_heartbeat(self, run_id: str) -> Lsn:
         """Write a transactional heartbeat message, committed synchronously; returns its LSN."""
         content = json.dumps({"run": run_id, "at": datetime.now(UTC).isoformat()})
-
-        def emit(conn: Any) -> Lsn:
-            try:
-                with pinned_transaction(conn, readonly=False) as cur:
-                    cur.execute("SET LOCAL synchronous_commit = on")
-                    cur.execute("SELECT pg_logical_emit_message(true, %s, %s)::text", (HEARTBEAT_PREFIX, content))
-                    return Lsn.parse(cur.fetchone()[0])
-            except psycopg2.Error as exc:
-                raise translate(exc, slot=self.slot) from None
-
-        return self.call(emit)
+        return self.call(lambda conn: write_heartbeat(conn, content, transactional=True, slot=self.slot))
 
     def wal_lag(self) -> int | None:
         """Bytes between the current WAL end and the slot's confirmed position."""
