@@ -100,12 +100,11 @@ def write_batch(spec: BatchSpec, outcome: BatchOutcome, stopped: Callable[[], bo
         _write_files(spec, outcome, target.envelope, target.tables if spec.typed_tables else None, stopped)
         return
     import shutil
-    import tempfile
 
     from pgpoll.sink import layout
-    from pgpoll.sink.uploads import upload_batch
+    from pgpoll.sink.uploads import new_spill_directory, upload_batch
 
-    spill = tempfile.mkdtemp(prefix="pgpoll-batch-")
+    spill = new_spill_directory()  # (removes those a killed process left)
     try:
         envelope_dir, tables_dir = f"{spill}/envelope", f"{spill}/tables" if spec.typed_tables else None
         _write_files(spec, outcome, envelope_dir, tables_dir, stopped)

@@ -26,6 +26,10 @@ it is about to write. Then:
   is gone; a manifest written after recovery removed it has no plan file
   beside it, and the next recovery deletes what it lists).
 
+The spill directory itself (:func:`new_spill_directory`) is removed by the
+task when the batch is done, or by a later batch on the same host when the
+process was killed first.
+
 Readers that must never see a losing or unfinished batch read the change
 log's Delta table (:mod:`pgpoll.sink.change_table`) or the commit log, not a
 listing.
@@ -36,7 +40,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping
+import socket
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,8 +153,39 @@ def remove_uploads(fs: OutputFs, sid: str) -> None:
     delete_uploaded(fs, batch)
 
 
-def clear_spill(directories: Mapping[str, str | None]) -> None:
-    """Remove the task's local spill directories."""
-    for directory in directories.values():
-        if directory:
-            shutil.rmtree(directory, ignore_errors=True)
+SPILL_PREFIX = "pgpoll-batch-"
+
+
+def spill_prefix() -> str:
+    """The start of this host's spill directories' names, before the process id: ``pgpoll-batch-<host>-``."""
+    return f"{SPILL_PREFIX}{socket.gethostname()}-"
+
+
+def new_spill_directory(root: str | None = None) -> str:
+    """A new local spill directory for one batch (in ``root``, default the system's temporary directory).
+
+    It is named ``pgpoll-batch-<host>-<pid>-<random>`` and the task removes
+    it when the batch is done, but a process killed with SIGKILL (or by the
+    OOM killer) never gets there, and a spill may hold a whole batch. So
+    first this removes the spill directories of this host whose process is
+    gone; those of a live process, or of another host sharing the
+    directory, are left alone.
+    """
+    root = root or tempfile.gettempdir()
+    prefix = spill_prefix()
+    with os.scandir(root) as entries:
+        for entry in entries:
+            pid = entry.name[len(prefix):].split("-", 1)[0] if entry.name.startswith(prefix) else ""
+            if pid.isdigit() and int(pid) != os.getpid() and not _process_exists(int(pid)):
+                shutil.rmtree(entry.path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only whether the process exists (and may be signalled)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True

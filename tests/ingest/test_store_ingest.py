@@ -1,8 +1,11 @@
 """``pgpoll ingest`` into an object store (SeaweedFS): no JVM, the files written once at their final keys, fenced,
-and the change log readable as a Delta table."""
+the change log readable as a Delta table, and no local spill left behind, even by a killed run."""
 
 from __future__ import annotations
 
+import signal
+import time
+from pathlib import Path
 from typing import Any
 
 from deltalake import DeltaTable
@@ -12,8 +15,10 @@ from pgpoll.reader import read_changes, read_changes_arrow
 from pgpoll.sink.change_table import APP_ID, ChangeTable
 from pgpoll.sink.commit_log import CommitLog
 from pgpoll.sink.filesystem import open_output
+from pgpoll.sink.uploads import SPILL_PREFIX, spill_prefix
 from pgpoll.testing.object_stores import SECRET_KEY, StoreBucket
-from tests.ingest.conftest import Capture, confirmed_lsn, ingest
+from tests.ingest.conftest import Capture, confirmed_lsn, ingest, ingest_process, make_capture
+from tests.ingest.test_fencing import reaped, start_job
 
 
 def test_changes_land_on_s3_once_fenced_and_listed_by_the_delta_log(
@@ -49,3 +54,32 @@ def test_changes_land_on_s3_once_fenced_and_listed_by_the_delta_log(
 
     again = ingest(db.dsn, *capture.args("--typed-tables"))
     assert again.exit_code == 0 and again.summary is not None and again.summary["changes"] == 0
+
+
+def test_a_run_killed_while_spilling_leaves_its_spill_and_the_next_run_removes_it(
+    db: Any, s3_bucket: StoreBucket, tmp_path: Path
+) -> None:
+    capture = make_capture(db, "pgoutput", tmp_path / "unused")
+    capture.output = s3_bucket.url
+    for first in (1, 100_001, 200_001):
+        db.execute("INSERT INTO items SELECT g, 'v' || g FROM generate_series(%s, %s) g", (first, first + 99_999))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {"TMPDIR": str(temp)}
+    job = start_job(db.dsn, capture.args("--batch-changes", "100000"), tmp_path / "killed.log", env=env)
+    with reaped([job]):
+        deadline = time.monotonic() + 120
+        spills: list[Path] = []
+        while not spills and job.proc.poll() is None and time.monotonic() < deadline:
+            spills = [p for p in temp.iterdir() if p.name.startswith(spill_prefix())]
+            time.sleep(0.01)
+        job.kill()
+        assert job.wait() == -signal.SIGKILL, job.stderr()
+    assert len(spills) == 1 and spills[0].exists(), "the killed run's spill directory is left behind"
+
+    result = ingest_process(db.dsn, *capture.args("--batch-changes", "100000"), env=env)
+
+    assert result.exit_code == 0, result.stderr
+    assert not spills[0].exists() and not [p for p in temp.iterdir() if p.name.startswith(SPILL_PREFIX)]
+    ids = read_changes_arrow(s3_bucket.url).column("after").to_pylist()
+    assert sorted(int(dict(a)["id"]) for a in ids) == list(range(1, 300_001))
