@@ -63,6 +63,7 @@ def test_peek_rows_yields_lsn_xid_and_text(db: Any, conn: Any, td: str) -> None:
     options = slots.peek_options("test_decoding")
     rows = list(slots.peek_rows(conn, td, "test_decoding", options=options))
     assert [type(v) for v in rows[0]] == [Lsn, int, str]
+    rows = without_empty_transactions(rows)
     assert [r[2].split(" ")[0] for r in rows] == ["BEGIN", "table", "COMMIT", "BEGIN", "table", "COMMIT"]
     assert rows[0][1] != rows[3][1]  # two transactions, two xids
     assert conn.autocommit is True  # back in its old mode
@@ -70,7 +71,20 @@ def test_peek_rows_yields_lsn_xid_and_text(db: Any, conn: Any, td: str) -> None:
 
 def test_peek_rows_upto_nchanges_stops_on_a_transaction_boundary(db: Any, conn: Any, td: str) -> None:
     rows = list(slots.peek_rows(conn, td, "test_decoding", upto_nchanges=1, options=slots.peek_options("test_decoding")))
-    assert [r[2].split(" ")[0] for r in rows] == ["BEGIN", "table", "COMMIT"]
+    kinds = [r[2].split(" ")[0] for r in rows]  # one whole transaction (an empty one of the server's counts too)
+    assert kinds[0] == "BEGIN" and kinds[-1] == "COMMIT" and kinds.count("BEGIN") == 1 and len(kinds) <= 3, kinds
+
+
+def without_empty_transactions(rows: list[tuple[Lsn, int, str]]) -> list[tuple[Lsn, int, str]]:
+    """``rows`` without the transactions test_decoding prints empty (BEGIN then COMMIT): the server may commit
+    one of its own in the test's database (an ANALYZE, a catalog change), which the peek shows like any other."""
+    kept: list[tuple[Lsn, int, str]] = []
+    for row in rows:
+        if row[2].startswith("COMMIT") and kept and kept[-1][2].startswith("BEGIN"):
+            kept.pop()
+        else:
+            kept.append(row)
+    return kept
 
 
 def test_peek_rows_stopped_early_leaves_the_connection_usable(db: Any, conn: Any, td: str) -> None:
@@ -103,7 +117,10 @@ def test_peek_options() -> None:
 
 def test_advance_slot_results(db: Any, conn: Any, td: str) -> None:
     rows = list(slots.peek_rows(conn, td, "test_decoding", options=slots.peek_options("test_decoding")))
-    first_commit = rows[2][0]
+    # the COMMIT of id 1's transaction (by content, not position: the server may commit an empty transaction of
+    # its own first, which test_decoding prints as BEGIN/COMMIT)
+    first = next(i for i, r in enumerate(rows) if r[2] == "table public.t: INSERT: id[integer]:1 v[text]:'a'")
+    first_commit = next(r[0] for r in rows[first:] if r[2].startswith("COMMIT"))
     start = slots.get_slot(conn, td).confirmed_flush_lsn
     moved = slots.advance_slot(conn, td, first_commit)
     assert moved == slots.AdvanceResult(td, first_commit, start, first_commit, True)
@@ -113,7 +130,7 @@ def test_advance_slot_results(db: Any, conn: Any, td: str) -> None:
     assert below.moved is False and below.after == first_commit
     # The first transaction is now skipped; the second still comes.
     left = list(slots.peek_rows(conn, td, "test_decoding", options=slots.peek_options("test_decoding")))
-    assert [r[2] for r in left][1] == "table public.t: INSERT: id[integer]:2 v[text]:'b'"
+    assert [r[2] for r in left if r[2].startswith("table ")] == ["table public.t: INSERT: id[integer]:2 v[text]:'b'"]
     with pytest.raises(ConfigError):
         slots.advance_slot(conn, td, Lsn(0))
 
