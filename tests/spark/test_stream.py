@@ -28,10 +28,8 @@ def pg(spark: Any) -> Any:
 
 def make_slot(db: Any, plugin: str) -> str:
     db.require_plugin(plugin)
-    # No autovacuum: its ANALYZE of items commits a transaction test_decoding prints as an empty BEGIN/COMMIT,
-    # a boundary that may end a run's last batch past the last row, which the exact slot checks would not expect.
-    db.execute("CREATE TABLE IF NOT EXISTS items (id int PRIMARY KEY, v text) WITH (autovacuum_enabled = off)")
-    db.execute("CREATE TABLE IF NOT EXISTS other (id int PRIMARY KEY) WITH (autovacuum_enabled = off)")
+    db.execute("CREATE TABLE IF NOT EXISTS items (id int PRIMARY KEY, v text)")
+    db.execute("CREATE TABLE IF NOT EXISTS other (id int PRIMARY KEY)")
     if not db.execute("SELECT 1 FROM pg_publication WHERE pubname = 'pub'"):
         db.execute("CREATE PUBLICATION pub FOR TABLE items")
     slot: str = db.slot_name()
@@ -157,40 +155,38 @@ def test_a_second_run_reads_only_what_is_new_and_an_idle_run_makes_no_batch(pg: 
     assert [len(b) for b in run_batches(stream(pg, db, slot, "pgoutput"), tmp_path / "ck")] == [5]
 
 
-def wait_for_standby_snapshot(db: Any, slot: str, timeout_s: float = 30.0) -> Lsn:
-    """The flush position once WAL was written after the slot's position: on a server nobody writes to, the
-    background writer's snapshot of running transactions, due within 15 s of the last WAL written."""
+def wait_for_standby_snapshot(db: Any, slot: str, timeout_s: float = 30.0) -> None:
+    """Wait until WAL was written after the slot's position: on a server nobody writes to, the background
+    writer's snapshot of running transactions, due within 15 s of the last WAL written."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        flushed, at = db.execute("SELECT pg_current_wal_flush_lsn()::text, confirmed_flush_lsn::text "
-                                 "FROM pg_replication_slots WHERE slot_name = %s", (slot,))[0]
-        if Lsn.parse(flushed) > Lsn.parse(at):
-            return Lsn.parse(flushed)
+    while not db.execute("SELECT pg_current_wal_flush_lsn() > confirmed_flush_lsn FROM pg_replication_slots "
+                         "WHERE slot_name = %s", (slot,))[0][0]:
         assert time.monotonic() < deadline, "no WAL after the slot's position within the timeout"
         time.sleep(0.2)
 
 
+def peek_lsns(db: Any, slot: str, plugin: str, *, pgoutput_where: str, test_decoding_where: str) -> list[Lsn]:
+    """The lsn of each row of a plain peek of ``slot`` that the plugin's condition keeps, in order."""
+    if plugin == "pgoutput":
+        query = ("SELECT lsn::text FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+                 f"'publication_names', 'pub', 'messages', 'true') WHERE {pgoutput_where}")
+    else:
+        query = f"SELECT lsn::text FROM pg_logical_slot_peek_changes(%s, NULL, NULL) WHERE {test_decoding_where}"
+    return [Lsn.parse(r[0]) for r in db.execute(query, (slot,))]
+
+
 def boundaries(db: Any, slot: str, plugin: str) -> list[Lsn]:
     """The lsn of each COMMIT row a peek of ``slot`` returns, in order."""
-    if plugin == "pgoutput":
-        rows = db.execute("SELECT lsn::text FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', "
-                          "'1', 'publication_names', 'pub') WHERE get_byte(data, 0) = 67", (slot,))
-    else:
-        rows = db.execute("SELECT lsn::text FROM pg_logical_slot_peek_changes(%s, NULL, NULL) WHERE data LIKE "
-                          "'COMMIT%%'", (slot,))
-    return [Lsn.parse(r[0]) for r in rows]
+    return peek_lsns(db, slot, plugin, pgoutput_where="get_byte(data, 0) = 67",
+                     test_decoding_where="data LIKE 'COMMIT%%'")
 
 
 def heartbeat_messages(db: Any, slot: str, plugin: str) -> list[Lsn]:
     """The lsn of each non-transactional ``pgpoll.heartbeat`` message a peek of ``slot`` returns."""
-    if plugin == "pgoutput":
-        rows = db.execute("SELECT lsn::text FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', "
-                          "'1', 'publication_names', 'pub', 'messages', 'true') WHERE get_byte(data, 0) = 77 "
-                          "AND get_byte(data, 1) = 0 AND position('pgpoll.heartbeat'::bytea IN data) > 0", (slot,))
-    else:
-        rows = db.execute("SELECT lsn::text FROM pg_logical_slot_peek_changes(%s, NULL, NULL) WHERE data LIKE "
-                          "'message: transactional: 0 prefix: pgpoll.heartbeat,%%'", (slot,))
-    return [Lsn.parse(r[0]) for r in rows]
+    return peek_lsns(db, slot, plugin,
+                     pgoutput_where="get_byte(data, 0) = 77 AND get_byte(data, 1) = 0 "
+                                    "AND position('pgpoll.heartbeat'::bytea IN data) > 0",
+                     test_decoding_where="data LIKE 'message: transactional: 0 prefix: pgpoll.heartbeat,%%'")
 
 
 @pytest.mark.parametrize("plugin", ["pgoutput", "test_decoding"])
