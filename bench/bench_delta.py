@@ -75,7 +75,7 @@ def _materialize(dsn: str, out: str, *extra: str) -> tuple[float, dict[str, Any]
 
 def _in_process(spark: Any, out: str, full: bool = False) -> tuple[float, dict[str, Any]]:
     """One Delta materialize of ``out`` on the warm ``spark``: seconds and the table's JSON line."""
-    from pgpoll.materialize.delta_state import DeltaMaterializer
+    from pgpoll.materialize.delta.state import DeltaMaterializer
     from pgpoll.materialize.run import MaterializeOptions, run_materialize
 
     started = time.perf_counter()

@@ -65,7 +65,7 @@ def _ingest(dsn: str, out: str) -> float:
 
 def _in_process(spark: Any, out: str, full: bool = False) -> tuple[float, dict[str, Any]]:
     """One Iceberg materialize of ``out`` on the warm ``spark``: seconds and the table's JSON line."""
-    from pgpoll.materialize.iceberg_state import IcebergMaterializer
+    from pgpoll.materialize.iceberg.state import IcebergMaterializer
     from pgpoll.materialize.run import MaterializeOptions, run_materialize
 
     started = time.perf_counter()

@@ -34,10 +34,10 @@ from typing import Any
 
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
-from pgpoll.sink.batches import BatchSink
-from pgpoll.sink.commit_log import CHECKPOINT_EVERY, POINTER, CommitLog, CommitRecord, LogState, record_name
-from pgpoll.sink.filesystem import OutputFs
-from pgpoll.sink.local_fs import LocalOutputFs
+from pgpoll.sink.commit.batches import BatchSink
+from pgpoll.sink.commit.log import CHECKPOINT_EVERY, POINTER, CommitLog, CommitRecord, LogState, record_name
+from pgpoll.sink.stores.filesystem import OutputFs
+from pgpoll.sink.stores.local import LocalOutputFs
 
 FILE = "part-00000.parquet"
 TABLE = "public.t"
@@ -156,7 +156,7 @@ def main() -> None:
             figures[("local: first start (the full pass, once)", batches)] = time.perf_counter() - started
         figures.update(measure_fs("local", LocalOutputFs, outputs, args.repeat))
         if not args.skip_spark:
-            from pgpoll.sink.hadoop_fs import HadoopOutputFs
+            from pgpoll.sink.stores.hadoop import HadoopOutputFs
             from pgpoll.spark.session import spark_session
 
             spark = spark_session("pgpoll-bench-startup")

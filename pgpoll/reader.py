@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from pgpoll.sink import layout
 from pgpoll.sink.change_table import TABLE_SCHEMA, committed_files
-from pgpoll.sink.filesystem import open_output
+from pgpoll.sink.stores.filesystem import open_output
 from pgpoll.spark.arrow_files import conform
 
 

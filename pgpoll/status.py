@@ -2,7 +2,7 @@
 
 Combines the server's view (:mod:`pgpoll.source.server_state`: position, lag in
 bytes, ``wal_status``, ``safe_wal_size``, active PID) with, given an output
-path, the commit log's (:mod:`pgpoll.sink.commit_log`: high-water mark,
+path, the commit log's (:mod:`pgpoll.sink.commit.log`: high-water mark,
 newest captured commit time). Nothing here starts Spark, peeks, locks or
 moves a slot, so it can never make a run fail or wait.
 
@@ -49,8 +49,8 @@ from typing import Any
 
 from pgpoll.errors import ConfigError
 from pgpoll.lsn import Lsn
-from pgpoll.sink.commit_log import CommitLog, CommitLogSummary, summarize
-from pgpoll.sink.filesystem import check_readable, open_output
+from pgpoll.sink.commit.log import CommitLog, CommitLogSummary, summarize
+from pgpoll.sink.stores.filesystem import check_readable, open_output
 from pgpoll.source.connection import ConnectionTarget, connect
 from pgpoll.source.server_state import read_server_state, table_write_counts
 from pgpoll.source.slots import SlotInfo

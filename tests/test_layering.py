@@ -12,6 +12,12 @@ only in the CLI; no import cycle. Nothing in Python enforces that, so this test 
 * Airflow only in ``pgpoll/airflow/``, which imports nothing but Airflow, the standard library and its
   own package, and so does the package root ``pgpoll/__init__.py`` that loads it: pgpoll is installed in
   Airflow's environment without its dependencies, for the DAG file's operators;
+* the jobs' packages (``pgpoll.ingest``, ``pgpoll.snapshot``, ``pgpoll.materialize``, ``pgpoll.spark``) do not
+  import one another, but for the exceptions named in ``JOB_EXCEPTIONS`` (the Spark plumbing every job
+  runs on, the ingest task the Spark stream runs, the Delta protocol features the Spark reader checks);
+* no module over ``MAX_LINES`` lines and no folder of ``pgpoll/`` holding more than ``MAX_MODULES``
+  modules directly (``__init__.py`` and the compatibility aliases of moved modules not counted): a larger
+  one is two things, or a folder that wants sub-packages;
 * no cycle among pgpoll's modules. Every import counts: those inside functions (they still tie the
   modules together; they only hide the cycle until one runs) and those under ``if TYPE_CHECKING:``
   (they never run, but the two modules still cannot be understood, moved or tested one without the
@@ -47,6 +53,19 @@ CLICK_PACKAGES = ("pgpoll.cli",)
 # Imported in Airflow's environment, where pgpoll is installed without its dependencies: the package and the root.
 AIRFLOW_PACKAGE = "pgpoll.airflow"
 AIRFLOW_MAY_IMPORT = ("airflow", "pgpoll.airflow")
+# The jobs: each is its own package and none reaches into another's modules, but for these (importer -> target,
+# prefixes): every job runs on the Spark plumbing; the Spark stream runs ingest's batch task and checks the change
+# table's Delta protocol with the features the Delta state's edge reads.
+JOB_PACKAGES = ("pgpoll.ingest", "pgpoll.snapshot", "pgpoll.materialize", "pgpoll.spark")
+JOB_EXCEPTIONS = (
+    ("pgpoll", "pgpoll.spark.session"),
+    ("pgpoll", "pgpoll.spark.filesystems"),
+    ("pgpoll", "pgpoll.spark.arrow_files"),
+    ("pgpoll.spark", "pgpoll.ingest.task"),
+    ("pgpoll.spark", "pgpoll.materialize.delta.table"),
+)
+MAX_LINES = 450
+MAX_MODULES = 20
 
 
 @dataclass(frozen=True)
@@ -146,6 +165,12 @@ def _layer_problem(imp: Import) -> str | None:
             return "pgpoll.airflow (and the package root) may import only Airflow, the standard library and itself"
     elif top == "airflow":
         return "only pgpoll.airflow may import airflow"
+    job = next((p for p in JOB_PACKAGES if _within(imp.importer, (p,))), None)
+    other = next((p for p in JOB_PACKAGES if _within(imp.target, (p,))), None)
+    if job and other and job != other and not any(
+        _within(imp.importer, (importer,)) and _within(imp.target, (target,)) for importer, target in JOB_EXCEPTIONS
+    ):
+        return f"{job} may not import another job's package ({other}); move what both need out of the jobs"
     return None
 
 
@@ -247,8 +272,29 @@ def cycle_violations(root: Path) -> list[str]:
     ]
 
 
+def _is_alias(path: Path) -> bool:
+    """A moved module's old name kept for compatibility (``sys.modules[__name__] = _moved``): not a module of its own."""
+    return "sys.modules[__name__] = _moved" in path.read_text(encoding="utf-8")
+
+
+def size_violations(root: Path) -> list[str]:
+    problems = []
+    folders: dict[Path, int] = {}
+    for path in sorted((root / "pgpoll").rglob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_LINES:
+            problems.append(f"{path.relative_to(root)}: {lines} lines, over {MAX_LINES}: it is two things, split it")
+        if path.name != "__init__.py" and not _is_alias(path):
+            folders[path.parent] = folders.get(path.parent, 0) + 1
+    problems += [
+        f"{folder.relative_to(root)}/: {count} modules, over {MAX_MODULES}: group them in sub-packages"
+        for folder, count in sorted(folders.items()) if count > MAX_MODULES
+    ]
+    return problems
+
+
 def violations(root: Path) -> list[str]:
-    return layer_violations(all_imports(root)) + cycle_violations(root)
+    return layer_violations(all_imports(root)) + cycle_violations(root) + size_violations(root)
 
 
 # --- the rules on pgpoll itself ------------------------------------------------------------------------------------
@@ -317,12 +363,36 @@ def test_a_clean_tree_passes(tmp_path: Path) -> None:
     ("pgpoll/airflow/x.py", "from pgpoll.sink import writer\n", "pgpoll.airflow (and the package root) may import only"),
     ("pgpoll/airflow/x.py", "def f():\n    import pyarrow\n", "pgpoll.airflow (and the package root) may import only"),
     ("pgpoll/__init__.py", "from pgpoll.source import conn\n", "pgpoll.airflow (and the package root) may import only"),
+    ("pgpoll/materialize/x.py", "from pgpoll.ingest import batch\n", "pgpoll.materialize may not import another job's"),
+    ("pgpoll/snapshot/x.py", "def f():\n    from pgpoll.materialize.state import S\n", "may not import another job's"),
+    ("pgpoll/spark/x.py", "from pgpoll.ingest.run import r\n", "pgpoll.spark may not import another job's package"),
 ])
 def test_each_layer_rule_can_fail(tmp_path: Path, module: str, text: str, expected: str) -> None:
     root = _tree(tmp_path, {"pgpoll/sink/writer.py": "", "pgpoll/source/conn.py": "", module: text})
     problems = violations(root)
     assert len(problems) == 1 and expected in problems[0], problems
     assert problems[0].startswith(module + ":")
+
+
+def test_the_jobs_exceptions_pass(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "pgpoll/spark/session.py": "", "pgpoll/ingest/task.py": "",
+        "pgpoll/materialize/run.py": "from pgpoll.spark.session import get\n",
+        "pgpoll/spark/reads.py": "from pgpoll.ingest.task import run\n",
+    })
+    assert violations(root) == []
+
+
+def test_a_long_module_and_a_crowded_folder_fail(tmp_path: Path) -> None:
+    files = {f"pgpoll/sink/m{i}.py": "" for i in range(MAX_MODULES)}
+    files["pgpoll/sink/old_name.py"] = "import sys\nfrom pgpoll.sink import m0 as _moved\nsys.modules[__name__] = _moved\n"
+    assert violations(_tree(tmp_path / "a", files)) == []  # twenty modules and an alias: still fine
+    files["pgpoll/sink/m_extra.py"] = "x = 1\n" * (MAX_LINES + 1)
+    problems = violations(_tree(tmp_path / "b", files))
+    assert problems == [
+        f"pgpoll/sink/m_extra.py: {MAX_LINES + 1} lines, over {MAX_LINES}: it is two things, split it",
+        f"pgpoll/sink/: {MAX_MODULES + 1} modules, over {MAX_MODULES}: group them in sub-packages",
+    ], problems
 
 
 def test_a_cycle_fails_even_through_a_function_level_import(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 import click
 
 from pgpoll.cli.output import echo_json, echo_table
-from pgpoll.sink.commit_log import CommitLog, CommitRecord
-from pgpoll.sink.filesystem import check_readable, open_output
+from pgpoll.sink.commit.log import CommitLog, CommitRecord
+from pgpoll.sink.stores.filesystem import check_readable, open_output
 
 
 def batch_row(record: CommitRecord) -> dict[str, Any]:

@@ -12,9 +12,9 @@ from pgpoll import stopping
 from pgpoll.cli import exitcodes
 from pgpoll.cli.boundary import report_error
 from pgpoll.cli.options import csv_values
-from pgpoll.materialize.delta_state import DeltaMaterializer
-from pgpoll.materialize.driver_run import requested_engine
-from pgpoll.materialize.iceberg_state import IcebergMaterializer
+from pgpoll.materialize.delta.state import DeltaMaterializer
+from pgpoll.materialize.driver.run import requested_engine
+from pgpoll.materialize.iceberg.state import IcebergMaterializer
 from pgpoll.materialize.run import MaterializeOptions, Materializer, TableState, run_materialize
 from pgpoll.spark.session import debug_requested
 from pgpoll.stopping import StopRequest

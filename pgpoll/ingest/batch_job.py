@@ -6,7 +6,7 @@ one-partition RDD job whose ``collect()`` returns the outcome; elsewhere (or
 with ``PGPOLL_WRITER=spark``) Spark's writer takes the task's Arrow batches
 through ``mapInArrow`` and the outcome comes back in an accumulator (see
 :mod:`pgpoll.sink.parquet_writer`). Nothing here publishes or advances: the
-batch is only staged, under its plan (:mod:`pgpoll.sink.batches`).
+batch is only staged, under its plan (:mod:`pgpoll.sink.commit.batches`).
 
 A small batch runs in the driver instead (``in_driver``): the same task
 function, called in this process, with no Spark job. A Spark job costs
@@ -30,13 +30,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from pgpoll import faults
 from pgpoll.errors import ConfigError, SinkError, first_line
-from pgpoll.ingest import faults
 from pgpoll.ingest.batch_writes import pyarrow_task, spark_task, write_batch_here
 from pgpoll.ingest.task import BatchOutcome, BatchSpec
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
-from pgpoll.sink.batches import BatchSink, Plan
+from pgpoll.sink.commit.batches import BatchSink, Plan
 from pgpoll.sink.envelope import SPARK_DDL
 from pgpoll.sink.parquet_writer import PYARROW, StagingTarget, choose_writer
 from pgpoll.source.control import ControlConnection, retrying

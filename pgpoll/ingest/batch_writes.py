@@ -10,7 +10,7 @@ batches; this module runs it and writes them:
   job whose ``collect()`` returns the :class:`~pgpoll.ingest.task.BatchOutcome`.
   :func:`write_batch_here` is the same in this process (a batch in the
   driver). An object store's batch is spilled to a local directory, then
-  uploaded to its final keys (:mod:`pgpoll.sink.uploads`);
+  uploaded to its final keys (:mod:`pgpoll.sink.stores.uploads`);
 * :func:`spark_task` (any other store): the function given to
   ``mapInArrow``, yielding the batches to Spark's Parquet writer; the outcome
   travels in a Spark accumulator.
@@ -89,7 +89,7 @@ def write_batch(spec: BatchSpec, outcome: BatchOutcome, stopped: Callable[[], bo
 
     A local output's batch is written into its staging directory; an object
     store's into a spill directory of this process, then uploaded to its
-    final keys under the plan's upload manifest (:mod:`pgpoll.sink.uploads`;
+    final keys under the plan's upload manifest (:mod:`pgpoll.sink.stores.uploads`;
     ``outcome.uploaded`` lists the files). A write error is reported in
     ``outcome.error``; the driver discards the staging (and uploads).
     """
@@ -102,7 +102,7 @@ def write_batch(spec: BatchSpec, outcome: BatchOutcome, stopped: Callable[[], bo
     import shutil
 
     from pgpoll.sink import layout
-    from pgpoll.sink.uploads import new_spill_directory, upload_batch
+    from pgpoll.sink.stores.uploads import new_spill_directory, upload_batch
 
     spill = new_spill_directory()  # (removes those a killed process left)
     try:

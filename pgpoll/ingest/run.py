@@ -38,19 +38,18 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from pgpoll import stopping
+from pgpoll import faults, stopping
 from pgpoll.errors import ConfigError, PgpollError, PublicationNotFoundError, SinkError, SlotInvalidatedError, WrongPluginError
-from pgpoll.ingest import faults
 from pgpoll.ingest.batch_bounds import BATCH_WAL, batch_bounds
 from pgpoll.ingest.batch_job import StoppedError, driver_batch_wal, run_batch
 from pgpoll.ingest.progress_channel import BatchProgressLog, ProgressListener
 from pgpoll.ingest.task import BatchSpec
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
-from pgpoll.sink.batches import BatchSink
-from pgpoll.sink.filesystem import needs_spark
-from pgpoll.sink.lease import Lease, LeaseKeeper
+from pgpoll.sink.commit.batches import BatchSink
+from pgpoll.sink.commit.lease import Lease, LeaseKeeper
 from pgpoll.sink.parquet_writer import PYARROW, choose_writer
+from pgpoll.sink.stores.filesystem import needs_spark
 from pgpoll.sink.typed_tables import SchemaStore, stage_typed_tables
 from pgpoll.source import slots as slot_access
 from pgpoll.source.arrow_peek import choose_fetch, requested_fetch

@@ -27,15 +27,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from pgpoll import faults
 from pgpoll.changes import Begin, Commit, Ignored, LogicalMessage, Op, RowChange, Truncate
 from pgpoll.decode.decoders import make_decoder
 from pgpoll.errors import DecodeError, PgpollError
-from pgpoll.ingest import faults
 from pgpoll.ingest.batch_assembler import BatchAssembler
 from pgpoll.ingest.progress_channel import ChannelAddress, ProgressReporter
 from pgpoll.lsn import Lsn
 from pgpoll.sink.parquet_writer import StagingTarget
-from pgpoll.sink.uploads import UploadedBatch
+from pgpoll.sink.stores.uploads import UploadedBatch
 from pgpoll.source.arrow_peek import PSYCOPG2
 from pgpoll.table_patterns import TablePatterns
 

@@ -13,7 +13,7 @@ The lease is the fast answer, not the guarantee: a run that stalled past its
 lease, clocks that disagree, or a store without atomic create could let two
 runs both believe they hold it. For ``--format delta`` the guarantee is the
 Delta log's own atomic commit of the version the run read
-(:mod:`pgpoll.materialize.delta_table`): two writers can never both publish
+(:mod:`pgpoll.materialize.delta.table`): two writers can never both publish
 on one version; for ``--format parquet`` it is the state's own record log
 (:mod:`pgpoll.materialize.state_log`), created exclusively before a swap.
 ``PGPOLL_TEST_NO_LOCK=1`` turns the lease off (tests of that guarantee alone).
@@ -29,8 +29,8 @@ from collections.abc import Callable
 from types import TracebackType
 
 from pgpoll.errors import SinkError, SlotBusyError
-from pgpoll.sink.filesystem import OutputFs
-from pgpoll.sink.lease import lease_disabled
+from pgpoll.sink.commit.lease import lease_disabled
+from pgpoll.sink.stores.filesystem import OutputFs
 
 log = logging.getLogger("pgpoll.materialize")
 

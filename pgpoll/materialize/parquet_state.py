@@ -11,7 +11,7 @@ having changed nothing.
 
 :class:`ParquetState` holds the methods of :class:`pgpoll.materialize.run.Materializer`
 that depend on the state's format; the Delta and Iceberg materializers
-(:mod:`pgpoll.materialize.delta_state`, :mod:`pgpoll.materialize.iceberg_state`)
+(:mod:`pgpoll.materialize.delta.state`, :mod:`pgpoll.materialize.iceberg.state`)
 override them.
 """
 
@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from pgpoll.errors import ConfigError
 from pgpoll.lsn import Lsn
-from pgpoll.materialize.delta_table import footer_files
-from pgpoll.materialize.driver_run import parquet_files, read_parquet_files, small_files, write_state_file
+from pgpoll.materialize.delta.table import footer_files
+from pgpoll.materialize.driver.run import parquet_files, read_parquet_files, small_files, write_state_file
 from pgpoll.materialize.run_types import MaterializeOptions
 from pgpoll.materialize.state import StateColumn
 from pgpoll.materialize.state_log import STATE_FILE, StateLog, StateRecord, scratch_name
-from pgpoll.sink.filesystem import local_path
-from pgpoll.sink.output_fs import OutputFs
+from pgpoll.sink.stores.filesystem import local_path
+from pgpoll.sink.stores.output_fs import OutputFs
 
 log = logging.getLogger("pgpoll.materialize")
 

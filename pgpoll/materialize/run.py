@@ -11,7 +11,7 @@ The new state is written beside the old one and swapped in after its state
 record is created exclusively (:mod:`pgpoll.materialize.parquet_state`). One
 run at a time per destination: a second one exits 3 at once
 (:mod:`pgpoll.materialize.dest_lease`). ``--format delta`` writes each table
-as a Delta table instead (:mod:`pgpoll.materialize.delta_state`).
+as a Delta table instead (:mod:`pgpoll.materialize.delta.state`).
 
 A table with a complete snapshot (``pgpoll snapshot``) is materialized on top
 of the latest one (:mod:`pgpoll.materialize.snapshot_merge`): the marker
@@ -41,7 +41,7 @@ from pgpoll.lsn import Lsn
 from pgpoll.materialize.change_summary import ChangeSummary, identity_segments, latest_schema, summarize
 from pgpoll.materialize.change_summary import replay_key as _replay_key
 from pgpoll.materialize.dest_lease import DestLease
-from pgpoll.materialize.driver_run import driver_state, in_driver, requested_engine
+from pgpoll.materialize.driver.run import driver_state, in_driver, requested_engine
 from pgpoll.materialize.parquet_state import ParquetState
 from pgpoll.materialize.run_types import MaterializeOptions as MaterializeOptions  # (imported from here too)
 from pgpoll.materialize.run_types import TableState as TableState
@@ -64,8 +64,8 @@ from pgpoll.materialize.state_log import STATE_FILE as STATE_FILE  # (imported f
 from pgpoll.materialize.table_pool import run_in_order
 from pgpoll.materialize.visibility import SnapshotFilter
 from pgpoll.sink import layout
-from pgpoll.sink.commit_log import CommitLog, CommitRecord
-from pgpoll.sink.filesystem import check_readable, check_writable, needs_spark, open_output
+from pgpoll.sink.commit.log import CommitLog, CommitRecord
+from pgpoll.sink.stores.filesystem import check_readable, check_writable, needs_spark, open_output
 from pgpoll.sink.typed_tables import SchemaStore, load_ledger
 from pgpoll.stopping import StopRequest, StopRequestedError
 from pgpoll.table_patterns import TablePatterns
@@ -144,7 +144,7 @@ class Materializer(ParquetState):
         self.pins: dict[str, int] = {}  # the state record each table's run builds on (pgpoll.materialize.state_log)
         self.summaries: dict[str, ChangeSummary] = {}  # per table: what one pass over its new changes found
         self.row_bounds: dict[str, int] = {}  # per table built without a previous state: at most this many rows
-        self.engine = requested_engine()  # small tables of a local output in the driver (pgpoll.materialize.driver_run)
+        self.engine = requested_engine()  # small tables of a local output in the driver (pgpoll.materialize.driver.run)
 
     @property
     def spark(self) -> Any:
@@ -387,7 +387,7 @@ def run_materialize(
     stop: StopRequest | None = None,
 ) -> list[TableState]:
     """Materialize the typed tables of ``opts.output``; see :class:`Materializer` (or ``materializer``,
-    e.g. :class:`pgpoll.materialize.delta_state.DeltaMaterializer`). Without ``spark``, one is started only
+    e.g. :class:`pgpoll.materialize.delta.state.DeltaMaterializer`). Without ``spark``, one is started only
     when a table needs a Spark job."""
     job = (materializer or Materializer)(spark, opts, stop=stop)
     return job.run()

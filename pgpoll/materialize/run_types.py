@@ -20,7 +20,7 @@ class MaterializeOptions:
     exclude_tables: tuple[str, ...] = ()
     to: str | None = None
     full: bool = False
-    catalog: str | None = None  # --format iceberg: the pyiceberg catalog's name (pgpoll.materialize.iceberg_catalog)
+    catalog: str | None = None  # --format iceberg: the pyiceberg catalog's name (pgpoll.materialize.iceberg.catalog)
 
 
 @dataclass

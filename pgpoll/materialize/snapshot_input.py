@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pgpoll.errors import SinkError
-from pgpoll.sink.filesystem import OutputFs
 from pgpoll.sink.snapshot_store import CompleteEntry, SnapshotStore, complete_snapshots, manifest_name, newest_holding
+from pgpoll.sink.stores.filesystem import OutputFs
 from pgpoll.typed.mapping import PgType
 from pgpoll.typed.schemas import IDENTITY_FULL, ColumnSchema, TableSchema
 from pgpoll.xids import Snapshot

@@ -35,7 +35,7 @@ from pgpoll.materialize.recheck_fill import RecheckRows
 from pgpoll.materialize.snapshot_input import SHARED, TableSnapshot
 from pgpoll.materialize.state import StateColumn
 from pgpoll.materialize.visibility import ChunkRange, SnapshotFilter
-from pgpoll.sink.commit_log import CommitRecord
+from pgpoll.sink.commit.log import CommitRecord
 from pgpoll.typed.mapping import spark_ddl
 from pgpoll.typed.rows import quote
 from pgpoll.typed.schemas import TableSchema

@@ -62,7 +62,7 @@ class StateColumn:
 @dataclass
 class ComputedState:
     """A table's new state and what it was computed from: a Spark ``frame`` or, computed in the driver
-    (:mod:`pgpoll.materialize.driver_state`), an Arrow ``table``."""
+    (:mod:`pgpoll.materialize.driver.state`), an Arrow ``table``."""
 
     described: Any  # the TableSchema the state's columns follow
     key: list[str]

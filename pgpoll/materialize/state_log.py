@@ -3,7 +3,7 @@
 The destination's lease (:mod:`pgpoll.materialize.dest_lease`) is the fast
 answer; a run that stalled past its lease could otherwise swap its directory
 over a newer state. The guarantee is a compare-and-set on a numbered record
-per table, as the commit log does for batches (:mod:`pgpoll.sink.commit_log`).
+per table, as the commit log does for batches (:mod:`pgpoll.sink.commit.log`).
 Layout under DEST::
 
     <dir>/                                     the state readers read; its _pgpoll_state.json has "seq"
@@ -58,7 +58,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgpoll.errors import SinkError
-from pgpoll.sink.filesystem import OutputFs
+from pgpoll.sink.stores.filesystem import OutputFs
 
 log = logging.getLogger("pgpoll.materialize")
 

@@ -3,7 +3,7 @@
 Spark writes through Hadoop's filesystem, which has no object-store connector
 here (nor on many clusters). The state frame, already laid out (range-
 partitioned on its key and sorted within each partition:
-:func:`pgpoll.materialize.delta_files.laid_out`), is handed to ``mapInArrow``:
+:func:`pgpoll.materialize.delta.files.laid_out`), is handed to ``mapInArrow``:
 each task writes its partition's rows, in order, into files of at most
 ``rows_per_file`` rows through pgpoll's own store client (pickled with the
 job), and returns one row per file: its path, size, record count and the
@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pgpoll.materialize.delta_table import DataFile
-from pgpoll.sink.output_fs import OutputFs
+from pgpoll.materialize.delta.table import DataFile
 from pgpoll.sink.parquet_writer import WRITE_OPTIONS
+from pgpoll.sink.stores.output_fs import OutputFs
 
 RESULT_DDL = "path string, size long, records long, stats string"
 _RESULT = pa.schema([pa.field(n, t) for n, t in (("path", pa.string()), ("size", pa.int64()),

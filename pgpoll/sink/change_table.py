@@ -8,7 +8,7 @@ after its commit-log record has won, as one Delta commit holding its files.
 A reader of the Delta table (delta-rs, DuckDB's ``delta_scan``, polars,
 Spark with Delta) never sees a staged, losing or half-uploaded batch, on any
 store: on an object store, where data files sit at their final keys before
-their record exists (:mod:`pgpoll.sink.uploads`), this is the atomic read.
+their record exists (:mod:`pgpoll.sink.stores.uploads`), this is the atomic read.
 
 Idempotent and ordered, with no lock: each commit carries the application
 transaction :data:`APP_ID` whose version is the record's ``seq``, read back
@@ -42,10 +42,10 @@ import pyarrow as pa
 
 from pgpoll.errors import SinkError, first_line
 from pgpoll.sink import layout
-from pgpoll.sink.commit_log import CommitLog, CommitRecord, LogState
+from pgpoll.sink.commit.log import CommitLog, CommitRecord, LogState
 from pgpoll.sink.envelope import ENVELOPE_SCHEMA
-from pgpoll.sink.local_files import local_path
-from pgpoll.sink.output_fs import OutputFs
+from pgpoll.sink.stores.local_files import local_path
+from pgpoll.sink.stores.output_fs import OutputFs
 
 log = logging.getLogger("pgpoll.sink")
 
@@ -93,7 +93,7 @@ class ChangeTable:
 
     def _load(self) -> Any:
         """The table at its newest version (None: no table yet)."""
-        from pgpoll.sink.object_fs import retrying
+        from pgpoll.sink.stores.object_store import retrying
 
         try:
             return retrying(f"read {self.uri}/_delta_log", self._load_once, store="the change log's Delta table")
@@ -149,7 +149,7 @@ class ChangeTable:
             except _LostError:
                 continue  # another process added something meanwhile: read again
             except SinkError as exc:
-                from pgpoll.sink.object_fs import transient
+                from pgpoll.sink.stores.object_store import transient
 
                 if not transient(exc):
                     raise

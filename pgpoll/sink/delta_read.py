@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pgpoll.errors import SinkError, first_line
-from pgpoll.sink.filesystem import open_output
-from pgpoll.sink.local_files import local_path
-from pgpoll.sink.output_fs import OutputFs
+from pgpoll.sink.stores.filesystem import open_output
+from pgpoll.sink.stores.local_files import local_path
+from pgpoll.sink.stores.output_fs import OutputFs
 
 
 def open_delta(fs: OutputFs, version: int | None = None) -> Any:

@@ -5,7 +5,7 @@ committed batch; ``start`` and ``end`` are the smallest and largest
 ``commit_lsn`` in it, as 16-digit zero-padded upper-case hex, so the names
 sort in LSN order. ``PATH/_pgpoll/`` holds pgpoll's own files (readers skip
 names that start with ``_``): ``commits/`` and ``checkpoints/`` (the commit
-log, :mod:`pgpoll.sink.commit_log`), ``staging/`` (batches being written:
+log, :mod:`pgpoll.sink.commit.log`), ``staging/`` (batches being written:
 ``<id>.plan.json``, ``<id>/``, ``<id>-tables/``), ``unrecorded/`` (partitions
 no record names, set aside by recovery), ``lease.json`` (the run holding the
 output), ``rejects/`` (rows that could not be decoded), ``schemas/`` (table
@@ -71,7 +71,7 @@ def parse_partition_name(name: str) -> tuple[Lsn, Lsn] | None:
 
 
 def commit_record_name(end: int) -> str:
-    """The commit-log file name of the batch that ends at ``end`` (format version 1; see :mod:`pgpoll.sink.commit_log`)."""
+    """The commit-log file name of the batch that ends at ``end`` (format version 1; see :mod:`pgpoll.sink.commit.log`)."""
     return f"{Lsn(end).padded()}.json"
 
 

@@ -9,7 +9,7 @@ under ``plan.staging`` and, with ``--typed-tables``, each table's typed rows
 under ``plan.tables_staging/<schema>.<table>/`` in the same pass:
 :class:`pgpoll.sink.typed_tables.TypedTableWriters`); on an object store
 (``s3:``, ``gs:``, ``az:``) into a local spill directory of its own, uploaded
-to the final keys once the batch is complete (:mod:`pgpoll.sink.uploads`).
+to the final keys once the batch is complete (:mod:`pgpoll.sink.stores.uploads`).
 Every other scheme (``hdfs:``, ``viewfs:``...) keeps Spark's writer;
 ``PGPOLL_WRITER=spark`` forces it where the output is local or Hadoop's,
 ``PGPOLL_WRITER=pyarrow`` refuses to fall back (an error for an output
@@ -46,9 +46,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pgpoll.errors import ConfigError
-from pgpoll.sink.filesystem import local_path
-from pgpoll.sink.output_fs import OutputFs
-from pgpoll.sink.store_config import is_store_url
+from pgpoll.sink.stores.config import is_store_url
+from pgpoll.sink.stores.filesystem import local_path
+from pgpoll.sink.stores.output_fs import OutputFs
 
 WRITER_ENV = "PGPOLL_WRITER"
 """``auto`` (default: pyarrow where it reaches the output, else Spark), ``spark`` or ``pyarrow``."""
@@ -113,7 +113,7 @@ class StagingTarget:
     ``envelope`` and ``tables`` are local OS paths (the staging of a local
     output), or None with ``upload`` set: then the task writes into a spill
     directory of its own and uploads the files to ``fs`` under the plan
-    ``upload`` (an object store: :mod:`pgpoll.sink.uploads`). ``ledgers`` is
+    ``upload`` (an object store: :mod:`pgpoll.sink.stores.uploads`). ``ledgers`` is
     the output's ``_pgpoll/tables/`` (column ledgers, read-only in the task),
     read through ``fs`` when given.
     """

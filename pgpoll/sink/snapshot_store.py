@@ -24,7 +24,7 @@ is harmless:
 ``<sid>`` is ``YYYYMMDDTHHMMSSZ-xxxx`` (UTC start time and 4 random hex
 digits): names sort by start time. ``<dir>`` is
 :func:`pgpoll.sink.layout.table_dir_name`. Everything goes through an
-:class:`~pgpoll.sink.filesystem.OutputFs`, so this is tested without a JVM.
+:class:`~pgpoll.sink.stores.filesystem.OutputFs`, so this is tested without a JVM.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from typing import Any
 
 from pgpoll.errors import SinkError
 from pgpoll.sink import layout
-from pgpoll.sink.filesystem import OutputFs
-from pgpoll.sink.lease import Lease
+from pgpoll.sink.commit.lease import Lease
+from pgpoll.sink.stores.filesystem import OutputFs
 
 log = logging.getLogger("pgpoll.snapshot")
 

@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgpoll.sink import layout
-from pgpoll.sink.filesystem import OutputFs
 from pgpoll.sink.parquet_writer import PartFiles
+from pgpoll.sink.stores.filesystem import OutputFs
 from pgpoll.sink.typed_columns import typed_columns_batch
 from pgpoll.typed.rows import ColumnLedger, TypedLayout, typed_batch
 from pgpoll.typed.schemas import TableSchema

@@ -1,10 +1,10 @@
 """One chunk of a snapshot, inside a Spark task: read it, type it as the typed tables do, write it, publish it.
 
 The task reads the chunk in its own short transaction: in binary through
-ADBC (:class:`pgpoll.source.snapshot_fetch.BinaryChunkReader`, one
+ADBC (:class:`pgpoll.source.snapshot.fetch.BinaryChunkReader`, one
 connection for all the chunks of the task's partition), or, where ADBC is
 not installed or ``PGPOLL_FETCH=psycopg2``, as CSV text through psycopg2
-(:func:`pgpoll.source.snapshot_reads.stream_chunk`). It converts each column
+(:func:`pgpoll.source.snapshot.reads.stream_chunk`). It converts each column
 exactly as the typed tables do (:func:`pgpoll.typed.native_values.native_to_typed`
 for values read in binary, :func:`pgpoll.sink.typed_columns.column_to_arrow`
 for text, under the physical names a fresh :class:`~pgpoll.typed.rows.ColumnLedger`
@@ -39,9 +39,9 @@ from pgpoll.sink import layout
 from pgpoll.typed.schemas import TableSchema
 
 if TYPE_CHECKING:
-    from pgpoll.sink.output_fs import OutputFs
-    from pgpoll.source.snapshot_catalog import SnapshotTable
-    from pgpoll.source.snapshot_reads import ChunkSpec, ChunkStream
+    from pgpoll.sink.stores.output_fs import OutputFs
+    from pgpoll.source.snapshot.catalog import SnapshotTable
+    from pgpoll.source.snapshot.reads import ChunkSpec, ChunkStream
 
 log = logging.getLogger("pgpoll.snapshot")
 
@@ -169,7 +169,7 @@ class ChunkSource:
         self.dsn = dsn
         self.binary: Any = None
         if choose_fetch("pgoutput", fetch) == ADBC:
-            from pgpoll.source.snapshot_fetch import BinaryChunkReader
+            from pgpoll.source.snapshot.fetch import BinaryChunkReader
 
             try:
                 self.binary = BinaryChunkReader(dsn)
@@ -178,8 +178,8 @@ class ChunkSource:
 
     def open(self, work: ChunkWork) -> contextlib.AbstractContextManager[ChunkStream]:
         """One attempt at one chunk (the lock and the snapshot are taken on entering)."""
-        from pgpoll.source.snapshot_chunks import written_since
-        from pgpoll.source.snapshot_reads import stream_chunk
+        from pgpoll.source.snapshot.chunks import written_since
+        from pgpoll.source.snapshot.reads import stream_chunk
 
         extra = () if work.recheck_since is None else (written_since(work.recheck_since),)
         if self.binary is not None and not work.row_filters:  # (a client-side row filter reads the values' text)
@@ -290,8 +290,8 @@ def write_chunk(work: ChunkWork, path: str, source: ChunkSource | None = None,
 
 def run_chunk(work: ChunkWork, source: ChunkSource | None = None) -> ChunkResult:
     """Read, type, write and publish one chunk."""
-    from pgpoll.sink.filesystem import open_output
     from pgpoll.sink.snapshot_store import SnapshotStore, manifest_name, now_iso
+    from pgpoll.sink.stores.filesystem import open_output
 
     store = SnapshotStore(work.fs if work.fs is not None else open_output(work.output), work.snapshot_id)
     n = int(work.chunk.n)

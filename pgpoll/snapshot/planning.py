@@ -19,8 +19,8 @@ from pgpoll.sink.snapshot_store import FORMAT, now_iso
 from pgpoll.typed.rows import ColumnLedger, TypedLayout
 
 if TYPE_CHECKING:
-    from pgpoll.source.snapshot_catalog import SnapshotTable
-    from pgpoll.source.snapshot_reads import ChunkSpec
+    from pgpoll.source.snapshot.catalog import SnapshotTable
+    from pgpoll.source.snapshot.reads import ChunkSpec
 
 
 def normalised_args(
@@ -42,7 +42,7 @@ def normalised_args(
 
 def chunk_from_json(data: Mapping[str, Any]) -> ChunkSpec:
     """The ``ChunkSpec`` of a plan's chunk entry."""
-    from pgpoll.source.snapshot_reads import ChunkSpec
+    from pgpoll.source.snapshot.reads import ChunkSpec
 
     return ChunkSpec.from_json(dict(data))
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pgpoll.errors import PgpollError, SlotBusyError
-from pgpoll.sink.lease import Lease
+from pgpoll.sink.commit.lease import Lease
 from pgpoll.sink.snapshot_store import RECHECK_FIRST, SnapshotStore, manifest_name
 
 log = logging.getLogger("pgpoll.snapshot")

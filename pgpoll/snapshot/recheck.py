@@ -20,7 +20,7 @@ snapshots. Such a moved row was written by the UPDATE that moved it (or a
 later one), which no chunk's snapshot saw finished before ``since``... so it
 is among them, at its latest key, read under the recheck's snapshot, taken
 after that UPDATE committed (the piece starts after every chunk's read). The
-test is conservative (:func:`pgpoll.source.snapshot_chunks.written_since`:
+test is conservative (:func:`pgpoll.source.snapshot.chunks.written_since`:
 subtransactions included, a few rows too many at worst); a table whose rows
 cannot hold an out-of-line value (``SnapshotTable.recheck`` false) needs none.
 

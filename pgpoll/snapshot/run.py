@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 from pgpoll import stopping
 from pgpoll.errors import ConfigError, PgpollError, SinkError, TableRewrittenError, first_line
-from pgpoll.sink.filesystem import OutputFs, check_writable, needs_spark, open_output
-from pgpoll.sink.lease import Lease
+from pgpoll.sink.commit.lease import Lease
 from pgpoll.sink.snapshot_store import SnapshotStore, find_resumable, new_snapshot_id, now_iso, table_lease
+from pgpoll.sink.stores.filesystem import OutputFs, check_writable, needs_spark, open_output
 from pgpoll.snapshot import planning, recheck
 from pgpoll.snapshot.chunk_task import PAUSE_ENV, ChunkResult, ChunkWork, run_chunks
 from pgpoll.snapshot.progress import Watcher
@@ -44,7 +44,7 @@ from pgpoll.stopping import StopRequest
 
 if TYPE_CHECKING:
     from pgpoll.source.control import ControlConnection
-    from pgpoll.source.snapshot_catalog import SnapshotTable
+    from pgpoll.source.snapshot.catalog import SnapshotTable
 
 log = logging.getLogger("pgpoll.snapshot")
 
@@ -130,8 +130,8 @@ def _prepare(opts: SnapshotOptions) -> None:
 
 def _preflight(control: ControlConnection, opts: SnapshotOptions) -> tuple[str, list[SnapshotTable]]:
     """The slot's plugin and the tables to read."""
-    from pgpoll.source.snapshot_catalog import snapshot_tables
-    from pgpoll.source.snapshot_reads import check_source
+    from pgpoll.source.snapshot.catalog import snapshot_tables
+    from pgpoll.source.snapshot.reads import check_source
     from pgpoll.table_patterns import TablePatterns
 
     source = control.call(lambda c: check_source(c, opts.slot))
@@ -177,7 +177,7 @@ def _release(leases: Sequence[Lease]) -> None:
 def _plan_or_resume(control: ControlConnection, fs: OutputFs, opts: SnapshotOptions, plugin: str,
                     tables: Sequence[SnapshotTable],
                     summary: SnapshotSummary) -> tuple[SnapshotStore, dict[str, Any]]:
-    from pgpoll.source.snapshot_reads import current_wal_lsn, plan_chunks
+    from pgpoll.source.snapshot.reads import current_wal_lsn, plan_chunks
 
     args = planning.normalised_args(
         slot=opts.slot, plugin=plugin, publications=opts.publications, tables=opts.tables,
@@ -278,7 +278,7 @@ def _read_chunks(spark: Any, store: SnapshotStore, plan: dict[str, Any], tables:
                  opts: SnapshotOptions, dsn: str, stop: StopRequest | None, summary: SnapshotSummary) -> int:
     """Run every missing chunk, then the chunked tables' recheck pieces; returns how many chunks this run read
     (``summary.longest_snapshot_s`` learns how long each shared snapshot was held)."""
-    from pgpoll.source.snapshot_reads import SharedSnapshot
+    from pgpoll.source.snapshot.reads import SharedSnapshot
 
     default = int(spark.sparkContext.defaultParallelism)
     parallelism = opts.parallelism or max(1, min(default, MAX_DEFAULT_PARALLELISM))
@@ -326,7 +326,7 @@ def _bytes_so_far(store: SnapshotStore, plan: dict[str, Any]) -> int:
 def _complete(control: ControlConnection, store: SnapshotStore, plan: dict[str, Any], opts: SnapshotOptions,
               summary: SnapshotSummary) -> None:
     from pgpoll.lsn import Lsn
-    from pgpoll.source.snapshot_reads import wait_for_transactions
+    from pgpoll.source.snapshot.reads import wait_for_transactions
 
     xips: set[int] = set()
     rows = chunks = size = recheck_rows = 0

@@ -3,7 +3,7 @@
 Spark reads ``s3a://``, ``gs://`` and ``abfss://`` only through Hadoop
 connectors that Spark does not ship (and that cannot be installed where
 there is no Maven). pgpoll's own client reaches every store it writes
-(:class:`pgpoll.sink.object_fs.ObjectStoreOutputFs`), and it pickles: so a
+(:class:`pgpoll.sink.stores.object_store.ObjectStoreOutputFs`), and it pickles: so a
 frame over a list of files is a job whose tasks each open some of the files
 with pyarrow through that client and yield their record batches
 (``mapInArrow``). The same code reads local outputs, so a cluster with a
@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pgpoll.sink.output_fs import OutputFs
+from pgpoll.sink.stores.output_fs import OutputFs
 
 FILES_PER_TASK = 4
 

@@ -6,7 +6,7 @@ moving to object stores reached through obstore, where Spark has no Hadoop
 connector. :func:`output_filesystem` is the one place that decides how a path
 of an output is opened: pyarrow's local filesystem for local paths and
 ``file:`` URIs, and for ``s3://``, ``gs://`` and ``az://`` outputs the
-output's own store client (:meth:`pgpoll.sink.output_fs.OutputFs.arrow`,
+output's own store client (:meth:`pgpoll.sink.stores.output_fs.OutputFs.arrow`,
 obstore under a pyarrow filesystem), configured in each task from the same
 ``AWS_*``/``GOOGLE_*``/``AZURE_*`` variables as ``ingest``. Every read (driver
 listings, footers, task reads) follows.
@@ -28,8 +28,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pgpoll.errors import SinkError, first_line
-from pgpoll.sink.filesystem import local_path
-from pgpoll.sink.store_config import is_store_url
+from pgpoll.sink.stores.config import is_store_url
+from pgpoll.sink.stores.filesystem import local_path
 
 __all__ = ["conform", "data_files", "file_schema", "open_parquet", "output_filesystem", "read_batches"]
 
@@ -40,7 +40,7 @@ def output_filesystem(output: str) -> tuple[pafs.FileSystem, str]:
     if local is not None:
         return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(local))
     if is_store_url(output):
-        from pgpoll.sink.filesystem import open_output
+        from pgpoll.sink.stores.filesystem import open_output
 
         fs = open_output(output)
         return fs.arrow(), fs.arrow_path(fs.root).rstrip("/")

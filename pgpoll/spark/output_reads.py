@@ -4,10 +4,10 @@ Planned on the driver from what decides visibility, never from a listing of
 data directories:
 
 * **the change log** and **typed tables**: the commit log
-  (:class:`pgpoll.sink.commit_log.CommitLog`: the newest checkpoint and the
+  (:class:`pgpoll.sink.commit.log.CommitLog`: the newest checkpoint and the
   records after it). A staged batch, a losing run's files, a partition no
   record names are never read. A record's files are moved into place only
-  after the record exists (:mod:`pgpoll.sink.recovery`), and a run can die
+  after the record exists (:mod:`pgpoll.sink.commit.recovery`), and a run can die
   in between, so each file of a record newer than the checkpoint is looked
   for where it ends up (``changes/<partition>/``) and, failing that, where
   it is moved from (the record's ``staging``); partitions folded into the
@@ -94,8 +94,8 @@ def _in_range(partition: str, opts: SourceOptions) -> bool:
 
 def _log_refs(opts: SourceOptions, table_dir: str | None) -> list[FileRef | DirRef]:
     """The committed files of the change log (``table_dir`` None) or of one typed table, in commit order."""
-    from pgpoll.sink.commit_log import CommitLog
-    from pgpoll.sink.filesystem import open_output
+    from pgpoll.sink.commit.log import CommitLog
+    from pgpoll.sink.stores.filesystem import open_output
 
     assert opts.path is not None
     fs = open_output(opts.path)
@@ -190,9 +190,9 @@ def _state_refs(opts: SourceOptions) -> tuple[str, list[FileRef | DirRef], pa.Sc
 
 def _delta_refs(root: str) -> tuple[list[FileRef | DirRef], pa.Schema | None]:
     """The current version's files of the Delta table at ``root`` (the log says which), relative to it."""
-    from pgpoll.materialize.delta_table import READABLE_READER_FEATURES
+    from pgpoll.materialize.delta.table import READABLE_READER_FEATURES
     from pgpoll.sink.delta_read import delta_files, open_delta
-    from pgpoll.sink.filesystem import open_output
+    from pgpoll.sink.stores.filesystem import open_output
 
     fs = open_output(root)
     table = open_delta(fs)

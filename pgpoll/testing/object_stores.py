@@ -283,8 +283,8 @@ def _port_open(port: int) -> bool:
 
 def _probe_put(bucket: StoreBucket) -> bool:
     """One conditional PUT and a delete through pgpoll's own client: the store answers S3 requests."""
-    from pgpoll.sink.object_fs import ObjectStoreOutputFs
-    from pgpoll.sink.store_config import StoreLocation
+    from pgpoll.sink.stores.config import StoreLocation
+    from pgpoll.sink.stores.object_store import ObjectStoreOutputFs
 
     fs = ObjectStoreOutputFs(bucket.url, StoreLocation.parse(bucket.url, bucket.env).quick())
     probe = fs.path(f"ready-{uuid.uuid4().hex[:8]}")

@@ -3,7 +3,7 @@
 Why binary: the server's send functions are cheaper than its output
 functions (a ``timestamptz`` is 8 bytes, not a formatted date), and the
 client then needs no text parsing; adbc-driver-postgresql reads the binary
-COPY stream into Arrow in C++ (``pgpoll.source.snapshot_fetch``). This
+COPY stream into Arrow in C++ (``pgpoll.source.snapshot.fetch``). This
 module is the pure part: which kinds are read that way, and how their Arrow
 values become exactly what :func:`pgpoll.sink.typed_columns.column_to_arrow`
 gives for the same values' text -- the typed value, or, where the typed type

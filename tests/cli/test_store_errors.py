@@ -46,7 +46,7 @@ def _pgpoll(dsn: str, *args: str) -> tuple[int, str, float]:
 
 
 def _keys(bucket: StoreBucket) -> list[str]:
-    from pgpoll.sink.filesystem import open_output
+    from pgpoll.sink.stores.filesystem import open_output
 
     with pytest.MonkeyPatch.context() as patch:
         for name, value in bucket.env.items():

@@ -74,7 +74,7 @@ def test_every_pgpoll_variable_the_code_reads_is_documented() -> None:
 def test_every_summary_and_record_key_is_documented() -> None:
     from pgpoll.ingest.run import RunSummary
     from pgpoll.materialize.run import TableState
-    from pgpoll.sink.commit_log import CommitRecord
+    from pgpoll.sink.commit.log import CommitRecord
     from pgpoll.snapshot.run import SnapshotSummary
 
     page = (ROOT / "docs" / "reference" / "json-records.md").read_text(encoding="utf-8")

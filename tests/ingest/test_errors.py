@@ -8,8 +8,8 @@ from typing import Any
 
 import psycopg2
 
-from pgpoll.sink.filesystem import open_output
-from pgpoll.sink.lease import Lease
+from pgpoll.sink.commit.lease import Lease
+from pgpoll.sink.stores.filesystem import open_output
 from tests.ingest.conftest import confirmed_lsn, ingest, ingest_process, make_capture, read_output
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pgpoll.ingest.faults import FAULT_EXIT, POINTS
+from pgpoll.faults import FAULT_EXIT, POINTS
 from tests.ingest.conftest import REPO, Capture, ingest, ingest_process, read_output
 
 

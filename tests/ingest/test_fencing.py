@@ -40,9 +40,10 @@ from typing import Any
 
 import pytest
 
-from pgpoll.sink import batches, layout, recovery
-from pgpoll.sink.commit_log import Checkpoint, CommitLog, LogState, summarize
-from pgpoll.sink.filesystem import open_output
+from pgpoll.sink import layout
+from pgpoll.sink.commit import batches, recovery
+from pgpoll.sink.commit.log import Checkpoint, CommitLog, LogState, summarize
+from pgpoll.sink.stores.filesystem import open_output
 from tests.ingest.conftest import REPO, Capture, confirmed_lsn, ingest, make_capture, read_output
 
 NO_LOCK = {"PGPOLL_TEST_NO_LOCK": "1"}
@@ -352,8 +353,8 @@ CHECKPOINT_KILLER = '''
 """jobs/ingest.py with a checkpoint every 2 records, killed (with its JVM) while writing its first new checkpoint."""
 import os, runpy, signal, sys, uuid
 
-from pgpoll.sink import batches, commit_log, recovery
-from pgpoll.sink.filesystem import local_path
+from pgpoll.sink.commit import batches, log as commit_log, recovery
+from pgpoll.sink.stores.filesystem import local_path
 
 batches.CHECKPOINT_EVERY = recovery.CHECKPOINT_EVERY = 2
 MODE = os.environ["FENCING_CHECKPOINT_KILL"]

@@ -32,11 +32,11 @@ import pytest
 from click.testing import CliRunner
 
 from pgpoll.cli.main import cli
-from pgpoll.materialize.delta_names import logical_table
+from pgpoll.materialize.delta.names import logical_table
 from pgpoll.sink import layout
-from pgpoll.sink.commit_log import summarize
+from pgpoll.sink.commit.log import summarize
 from pgpoll.sink.delta_read import read_delta
-from pgpoll.sink.filesystem import open_output
+from pgpoll.sink.stores.filesystem import open_output
 from pgpoll.testing.object_stores import StoreBucket
 from pgpoll.testing.pytest_plugin import store_server
 from tests.ingest.conftest import Capture, confirmed_lsn

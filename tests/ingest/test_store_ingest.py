@@ -13,9 +13,9 @@ from deltalake import DeltaTable
 from pgpoll.lsn import Lsn
 from pgpoll.reader import read_changes, read_changes_arrow
 from pgpoll.sink.change_table import APP_ID, ChangeTable
-from pgpoll.sink.commit_log import CommitLog
-from pgpoll.sink.filesystem import open_output
-from pgpoll.sink.uploads import SPILL_PREFIX, spill_prefix
+from pgpoll.sink.commit.log import CommitLog
+from pgpoll.sink.stores.filesystem import open_output
+from pgpoll.sink.stores.uploads import SPILL_PREFIX, spill_prefix
 from pgpoll.testing.object_stores import SECRET_KEY, StoreBucket
 from tests.ingest.conftest import Capture, confirmed_lsn, ingest, ingest_process, make_capture
 from tests.ingest.test_fencing import reaped, start_job

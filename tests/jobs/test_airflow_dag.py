@@ -28,8 +28,8 @@ import pyarrow.dataset as pads
 import pytest
 
 from pgpoll.lsn import Lsn
-from pgpoll.sink.filesystem import open_output
-from pgpoll.sink.lease import Lease
+from pgpoll.sink.commit.lease import Lease
+from pgpoll.sink.stores.filesystem import open_output
 from tests.ingest.conftest import REPO, confirmed_lsn, make_capture
 from tests.jobs.standalone import SPARK_HOME, spark_env
 

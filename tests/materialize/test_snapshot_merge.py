@@ -24,9 +24,9 @@ from pgpoll.materialize.snapshot_input import SnapshotCatalog
 from pgpoll.materialize.snapshot_merge import added_columns_warning
 from pgpoll.materialize.visibility import ChunkRange, SnapshotFilter
 from pgpoll.sink import layout
-from pgpoll.sink.commit_log import CommitRecord, record_name
+from pgpoll.sink.commit.log import CommitRecord, record_name
 from pgpoll.sink.delta_read import read_delta
-from pgpoll.sink.local_fs import open_local
+from pgpoll.sink.stores.local import open_local
 from pgpoll.typed.mapping import PgType
 from pgpoll.typed.rows import ColumnLedger, TypedLayout
 from pgpoll.typed.schemas import ColumnSchema, TableSchema

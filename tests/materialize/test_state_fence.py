@@ -1,7 +1,7 @@
 """The Parquet state's record log: one publisher per state, crashes after the record finished by the next run.
 
 The rules are proven on local directories without a JVM (:mod:`pgpoll.materialize.state_log`
-over :class:`~pgpoll.sink.local_fs.LocalOutputFs`); two tests drive ``pgpoll materialize``
+over :class:`~pgpoll.sink.stores.local.LocalOutputFs`); two tests drive ``pgpoll materialize``
 with real Spark: a run that stalled past another's publish, and a run killed after its record.
 """
 
@@ -27,7 +27,7 @@ from pgpoll.materialize.state_log import (
     scratch_name,
     stale_scratch,
 )
-from pgpoll.sink.local_fs import LocalOutputFs
+from pgpoll.sink.stores.local import LocalOutputFs
 from tests.ingest.conftest import ingest
 from tests.materialize.conftest import materialize, state_rows
 

@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from pgpoll.cli.main import cli
-from pgpoll.materialize.delta_names import logical_table
+from pgpoll.materialize.delta.names import logical_table
 from pgpoll.sink.change_table import delta_location
-from pgpoll.sink.filesystem import open_output
+from pgpoll.sink.stores.filesystem import open_output
 from pgpoll.testing.object_stores import StoreBucket
 from tests.ingest.conftest import Capture, ingest, make_capture
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
-from pgpoll.sink.batches import BatchSink, Plan
-from pgpoll.sink.commit_log import CommitRecord
+from pgpoll.sink.commit.batches import BatchSink, Plan
+from pgpoll.sink.commit.log import CommitRecord
 
 
 def stage(plan: Plan, files: int = 2, tables: dict[str, int] | None = None) -> dict[str, list[tuple[str, int]]]:

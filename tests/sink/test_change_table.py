@@ -10,9 +10,9 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from pgpoll.sink import layout
-from pgpoll.sink.batches import BatchSink
 from pgpoll.sink.change_table import APP_ID, ChangeTable, committed_files
-from pgpoll.sink.commit_log import CommitLog
+from pgpoll.sink.commit.batches import BatchSink
+from pgpoll.sink.commit.log import CommitLog
 from tests.sink.conftest import publish_next, stage, write_v1
 
 

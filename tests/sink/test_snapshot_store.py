@@ -12,7 +12,6 @@ import pytest
 
 from pgpoll.errors import SinkError, SlotBusyError
 from pgpoll.sink import layout
-from pgpoll.sink.filesystem import open_output
 from pgpoll.sink.snapshot_store import (
     SnapshotStore,
     find_resumable,
@@ -22,6 +21,7 @@ from pgpoll.sink.snapshot_store import (
     new_snapshot_id,
     table_lease,
 )
+from pgpoll.sink.stores.filesystem import open_output
 
 
 def _plan(sid: str, tables: list[tuple[str, str]], args: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pgpoll.sink.uploads import new_spill_directory, spill_prefix
+from pgpoll.sink.stores.uploads import new_spill_directory, spill_prefix
 
 
 @pytest.fixture

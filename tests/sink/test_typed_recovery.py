@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pgpoll.ingest.faults import FAULT_EXIT
+from pgpoll.faults import FAULT_EXIT
 from pgpoll.sink import layout
 from tests.ingest.conftest import Capture, ingest, ingest_process, make_capture, read_output
 

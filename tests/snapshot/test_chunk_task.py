@@ -13,7 +13,7 @@ from pgpoll.sink.envelope import ChangeColumns
 from pgpoll.sink.typed_columns import typed_columns_batch
 from pgpoll.snapshot import chunk_task
 from pgpoll.snapshot.chunk_task import ChunkWork, filter_rows, run_chunks, typed_chunk
-from pgpoll.source.snapshot_reads import ChunkSpec
+from pgpoll.source.snapshot.reads import ChunkSpec
 from pgpoll.typed.rows import ColumnLedger, TypedLayout
 from pgpoll.typed.schemas import TableSchema, schema_from_columns
 
@@ -73,7 +73,7 @@ def test_a_lock_timeout_is_retried_a_few_times_then_comes_back_as_the_chunks_err
 ) -> None:
     """A real ACCESS EXCLUSIVE lock held by another session: every attempt times out, the blocker is named."""
     from pgpoll.source.connection import connect, resolve_dsn
-    from pgpoll.source.snapshot_catalog import describe_table
+    from pgpoll.source.snapshot.catalog import describe_table
 
     db.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
     conn = connect(resolve_dsn(db.dsn))

@@ -7,8 +7,8 @@ from typing import Any
 from pgpoll.sink.snapshot_store import RECHECK_FIRST, chunk_file
 from pgpoll.snapshot import recheck
 from pgpoll.snapshot.progress import Counts
-from pgpoll.source.snapshot_chunks import MIN_CHUNK_ROWS, READ_BYTES_PER_S, ChunkSpec, chunk_rows_for
-from pgpoll.source.snapshot_modes import CHUNKED, SHARED, choose_mode
+from pgpoll.source.snapshot.chunks import MIN_CHUNK_ROWS, READ_BYTES_PER_S, ChunkSpec, chunk_rows_for
+from pgpoll.source.snapshot.modes import CHUNKED, SHARED, choose_mode
 
 
 def test_modes_and_why() -> None:

@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from pgpoll.cli.main import cli
-from pgpoll.sink.filesystem import open_output
 from pgpoll.sink.snapshot_store import SnapshotStore, latest_complete, table_lease
+from pgpoll.sink.stores.filesystem import open_output
 from pgpoll.snapshot.chunk_task import PAUSE_ENV
 
 REPO = Path(__file__).resolve().parents[2]

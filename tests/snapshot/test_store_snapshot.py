@@ -9,8 +9,8 @@ from typing import Any
 from click.testing import CliRunner
 
 from pgpoll.cli.main import cli
-from pgpoll.sink.filesystem import open_output
 from pgpoll.sink.snapshot_store import latest_complete
+from pgpoll.sink.stores.filesystem import open_output
 from pgpoll.testing.object_stores import StoreBucket
 from tests.materialize.test_store_materialize import _state
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pgpoll.spark
-from pgpoll.sink.commit_log import summarize
+from pgpoll.sink.commit.log import summarize
 from tests.ingest.conftest import ingest, make_capture
 from tests.ingest.test_fencing import (
     ALLOWED_EXITS,

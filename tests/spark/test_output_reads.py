@@ -23,10 +23,11 @@ import pgpoll.spark
 from pgpoll.errors import ConfigError
 from pgpoll.lsn import Lsn
 from pgpoll.reader import read_changes, read_changes_arrow
-from pgpoll.sink import batches, layout, recovery
+from pgpoll.sink import layout
 from pgpoll.sink.change_table import committed_files
-from pgpoll.sink.commit_log import CommitLog
-from pgpoll.sink.filesystem import open_output
+from pgpoll.sink.commit import batches, recovery
+from pgpoll.sink.commit.log import CommitLog
+from pgpoll.sink.stores.filesystem import open_output
 from pgpoll.spark.source_options import parse_options
 from pgpoll.testing.object_stores import StoreBucket
 from tests.ingest.conftest import ingest

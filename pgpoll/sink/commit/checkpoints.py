@@ -1,0 +1,136 @@
+"""Commit-log checkpoints: the fold of records 1..N that start-up reads instead of them, and the pointer to the newest.
+
+Under ``PATH/_pgpoll/``::
+
+    checkpoints/seq-<16 digits>.json a fold of records 1..<seq>
+    newest-checkpoint.json           the pointer: {"seq": N, "clean": ...}
+
+**Checkpoints** fold records 1..N (high-water mark, totals, the partitions
+with their typed tables) so that start-up reads the newest checkpoint and the
+records after it, not the whole history. A checkpoint is written with the same
+create-if-absent in its own directory, so it never competes with a batch for
+a sequence number; two runs writing the same fold write the same content, and
+a kill mid-write leaves nothing (the file appears whole or not at all). A
+checkpoint is only written over records whose data files are all in place.
+The pointer names the newest checkpoint; it is only a hint (how start-up uses
+it, and falls back to listing, is :mod:`pgpoll.sink.commit.log`'s).
+
+Everything here is importable from :mod:`pgpoll.sink.commit.log` too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from pgpoll.lsn import Lsn
+from pgpoll.sink.commit.records import VERSION, CommitRecord, parse_timestamp, utc_now
+
+CHECKPOINT_EVERY = 50
+"""A checkpoint is written once this many records follow the newest one."""
+KEEP_CHECKPOINTS = 8
+"""Checkpoints kept; older ones are deleted once a newer one is written. Each holds the whole history (every
+partition), so keeping them all would grow with the square of the batches; start-up reads only the newest."""
+POINTER = "newest-checkpoint.json"
+"""Under ``_pgpoll/``: the newest checkpoint's ``seq`` (a hint; see :mod:`pgpoll.sink.commit.log`)."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The fold of records 1..``seq``: what start-up needs without reading them.
+
+    ``partitions`` lists ``[partition, [typed table, ...]]`` of every record
+    that wrote rows, in order; ``v1_records`` how many of the records are
+    version-1 ones (None: written by a pgpoll that did not say).
+    """
+
+    seq: int
+    high_water_mark: str | None
+    records: int
+    rows: int
+    bytes: int
+    partitions: list[list[Any]]
+    slots: list[str]
+    last_commit_ts: str | None = None
+    last_committed_at: str | None = None
+    run: str | None = None
+    created_at: str = field(default_factory=utc_now)
+    version: int = VERSION
+    kind: str = "checkpoint"
+    v1_records: int | None = None
+
+    def to_json(self) -> str:
+        """The checkpoint as one JSON document."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Checkpoint:
+        """Parse a checkpoint written by :meth:`to_json`."""
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _later(a: str | None, b: str | None) -> str | None:
+    if a is None or b is None:
+        return a or b
+    return a if parse_timestamp(a) >= parse_timestamp(b) else b
+
+
+@dataclass(frozen=True)
+class LogState:
+    """The commit log as start-up sees it: the newest checkpoint and the records after it.
+
+    ``head`` is the last ``seq`` (0 for a new output); ``v1_names`` the
+    version-1 file names in LSN order (record ``i`` is ``v1_names[i-1]``);
+    ``listed`` whether ``commits/`` was listed (False: found from the pointer,
+    the checkpoint then says there are no version-1 records).
+    """
+
+    head: int
+    checkpoint: Checkpoint | None
+    tail: tuple[CommitRecord, ...]
+    v1_names: tuple[str, ...] = ()
+    listed: bool = True
+
+    @property
+    def high_water_mark(self) -> Lsn | None:
+        """The largest ``end`` of any record (None for a new output)."""
+        ends = [r.end_lsn for r in self.tail]
+        if self.checkpoint is not None and self.checkpoint.high_water_mark is not None:
+            ends.append(Lsn.parse(self.checkpoint.high_water_mark))
+        return max(ends) if ends else None
+
+    def prev_of(self, seq: int) -> int | str | None:
+        """What record ``seq`` names as its predecessor."""
+        before = seq - 1
+        if before <= 0:
+            return None
+        if before <= len(self.v1_names):
+            return self.v1_names[before - 1]
+        return before
+
+    def partitions(self) -> list[tuple[str, list[str]]]:
+        """``(partition, typed tables)`` of every record that wrote rows, in order."""
+        out = [(str(p[0]), list(p[1])) for p in self.checkpoint.partitions] if self.checkpoint else []
+        return out + [(r.partition, list(r.tables)) for r in self.tail if r.partition]
+
+    def fold(self, upto: int, run: str | None = None) -> Checkpoint:
+        """The checkpoint of records 1..``upto`` (``upto`` at least the current checkpoint's seq)."""
+        cp = self.checkpoint
+        records = [r for r in self.tail if r.seq <= upto]
+        hwm = max([r.end_lsn for r in records] + ([Lsn.parse(cp.high_water_mark)] if cp and cp.high_water_mark else []),
+                  default=None)
+        last_ts, last_at = (cp.last_commit_ts, cp.last_committed_at) if cp else (None, None)
+        for r in records:
+            last_ts, last_at = _later(last_ts, r.last_commit_ts), _later(last_at, r.committed_at)
+        return Checkpoint(
+            seq=upto, high_water_mark=str(hwm) if hwm is not None else None,
+            records=(cp.records if cp else 0) + len(records), rows=(cp.rows if cp else 0) + sum(r.rows for r in records),
+            bytes=(cp.bytes if cp else 0) + sum(r.bytes for r in records),
+            partitions=(list(cp.partitions) if cp else []) + [[r.partition, list(r.tables)] for r in records if r.partition],
+            slots=sorted(set(cp.slots if cp else []) | {r.slot for r in records}),
+            last_commit_ts=last_ts, last_committed_at=last_at, run=run,
+            v1_records=len(self.v1_names) if self.listed or cp is None else cp.v1_records,
+        )

@@ -1,0 +1,138 @@
+"""Commit-log records: one file per committed batch, its name and its JSON (format versions 1 and 2).
+
+Under ``PATH/_pgpoll/``::
+
+    commits/<16 hex end>.json        version 1: one record per batch, named by its end LSN
+    commits/seq-<16 digits>.json     version 2: record number <seq> (1, 2, 3, ...)
+
+**Version 2 is a fenced log.** Records are numbered; each names its
+predecessor (``prev``: the previous ``seq``, or for the first version-2
+record after version-1 records that record's file name). Publishing batch
+N+1 is a compare-and-set: record N+1 is created only if it does not exist
+(:meth:`OutputFs.create_exclusive`), so of two runs that planned on record N
+exactly one wins. Version-1 records (written by older pgpoll) are read and
+numbered 1..K in LSN order; new records continue at K+1. The zero-padded
+names sort in order, so the head (the last ``seq``) comes from listing names,
+without reading a record.
+
+The log that reads and creates them is :class:`pgpoll.sink.commit.log.CommitLog`;
+everything here is importable from :mod:`pgpoll.sink.commit.log` too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any
+
+from pgpoll.errors import SinkError
+from pgpoll.lsn import Lsn
+
+VERSION = 2
+
+
+def record_name(seq: int) -> str:
+    """The file name of version-2 record ``seq`` (also a checkpoint's, in its own directory)."""
+    return f"seq-{seq:016d}.json"
+
+
+def utc_now() -> str:
+    """Now, as the log writes times: ISO 8601 in UTC."""
+    return datetime.now(UTC).isoformat()
+
+
+def parse_timestamp(text: str) -> datetime:
+    """A time the log wrote (ISO 8601; UTC when it names no zone); :class:`SinkError` when it is not one."""
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise SinkError(f"commit-log timestamp {text!r} is not ISO 8601", "check the commit-log records") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """One committed batch (version 1 or 2; ``version`` says which).
+
+    ``start``/``end`` are the smallest and largest commit LSN the batch
+    accounts for (``end`` is where the slot is advanced to); ``partition`` is
+    the directory under ``changes/`` (None when the batch wrote no rows);
+    ``files`` its data files, ``file_sizes`` their sizes and ``bytes`` the sum;
+    ``tables`` the typed tables (``tables/<dir>/<partition>``), whose files are
+    in ``table_files``; ``staging`` the staging id the files were published
+    from; ``first_commit_ts``/``last_commit_ts`` the commit times of the oldest
+    and newest change written (ISO 8601, UTC); ``xid_min``/``xid_max`` the
+    batch's full 64-bit transaction ids (None when unknown); ``table_stats``
+    per-table figures for later use; ``name`` is the file name (not stored).
+    """
+
+    start: str
+    end: str
+    rows: int
+    files: list[str]
+    partition: str | None
+    slot: str
+    plugin: str
+    committed_at: str = field(default_factory=utc_now)
+    adopted: bool = False
+    last_commit_ts: str | None = None
+    tables: list[str] = field(default_factory=list)
+    version: int = VERSION
+    seq: int = 0
+    prev: int | str | None = None
+    kind: str = "batch"
+    file_sizes: dict[str, int] = field(default_factory=dict)
+    bytes: int = 0
+    table_files: dict[str, dict[str, int]] = field(default_factory=dict)
+    run: str | None = None
+    staging: str | None = None
+    first_commit_ts: str | None = None
+    xid_min: int | None = None
+    xid_max: int | None = None
+    table_stats: dict[str, Any] | None = None
+    publications: list[str] = field(default_factory=list)
+    in_place: bool = False
+    """The files were written at their final place before the record (object stores): nothing to move."""
+    name: str = field(default="", compare=False)
+
+    @property
+    def end_lsn(self) -> Lsn:
+        """``end`` as an Lsn."""
+        return Lsn.parse(self.end)
+
+    def to_json(self) -> str:
+        """The record as one JSON document (``name`` is the file's, not stored)."""
+        data = asdict(self)
+        del data["name"]
+        if self.version >= 2:
+            del data["adopted"]  # version 2 adopts nothing
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, name: str = "") -> CommitRecord:
+        """Parse a record: version 2, or version 1 (``version`` 1, ``seq`` set by the caller)."""
+        data: dict[str, Any] = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        version = int(data.get("version", 1))
+        if version > VERSION:
+            raise SinkError(
+                f"commit-log record {name} has format version {version}, newer than this pgpoll reads ({VERSION})",
+                "upgrade pgpoll to the version that wrote the output",
+            )
+        known = {f.name for f in fields(cls)} - {"name"}
+        kept = {k: v for k, v in data.items() if k in known}  # later minor additions are ignored
+        kept["version"] = version
+        return cls(**kept, name=name)
+
+    @classmethod
+    def parse(cls, text: str, where: str, name: str = "") -> CommitRecord:
+        """Parse the record read from ``where``; :class:`SinkError` with the fix when it is unreadable."""
+        try:
+            return cls.from_json(text, name)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise SinkError(
+                f"commit-log record {where} is unreadable: {exc}",
+                "restore it from backup, or remove it and the partition it names, then rerun",
+            ) from None
