@@ -39,6 +39,7 @@ from pgpoll.sink.snapshot_store import SnapshotStore, find_resumable, new_snapsh
 from pgpoll.sink.stores.filesystem import OutputFs, check_writable, needs_spark, open_output
 from pgpoll.snapshot import planning, recheck
 from pgpoll.snapshot.chunk_task import PAUSE_ENV, ChunkResult, ChunkWork, run_chunks
+from pgpoll.snapshot.engines import in_driver, requested_engine, run_in_driver
 from pgpoll.snapshot.progress import Watcher
 from pgpoll.stopping import StopRequest
 
@@ -97,6 +98,8 @@ class SnapshotSummary:
     #: recheck pieces read by this run, and the rows they read (pgpoll.snapshot.recheck)
     rechecks_read: int = 0
     recheck_rows: int = 0
+    #: where the chunks ran: "driver" (threads of this process) or "spark" (pgpoll.snapshot.engines); None: none ran
+    engine: str | None = None
 
     def to_json(self) -> str:
         """One line of JSON."""
@@ -274,13 +277,16 @@ def _recheck_works(store: SnapshotStore, by_name: dict[tuple[str, str], Snapshot
     return [_work(store, t, opts, dsn, entry, c, recheck_since=since) for c in specs if int(c["n"]) not in done]
 
 
-def _read_chunks(spark: Any, store: SnapshotStore, plan: dict[str, Any], tables: Sequence[SnapshotTable],
+Runner = Callable[[Sequence[ChunkWork], int, "StopRequest | None"], list[ChunkResult]]
+
+
+def _read_chunks(run: Runner, default: int, store: SnapshotStore, plan: dict[str, Any], tables: Sequence[SnapshotTable],
                  opts: SnapshotOptions, dsn: str, stop: StopRequest | None, summary: SnapshotSummary) -> int:
-    """Run every missing chunk, then the chunked tables' recheck pieces; returns how many chunks this run read
-    (``summary.longest_snapshot_s`` learns how long each shared snapshot was held)."""
+    """Run every missing chunk with ``run`` (Spark jobs or the driver's threads; ``default`` parallelism), then the
+    chunked tables' recheck pieces; returns how many chunks this run read (``summary.longest_snapshot_s`` learns how
+    long each shared snapshot was held)."""
     from pgpoll.source.snapshot.reads import SharedSnapshot
 
-    default = int(spark.sparkContext.defaultParallelism)
     parallelism = opts.parallelism or max(1, min(default, MAX_DEFAULT_PARALLELISM))
     by_name = {(t.schema, t.table): t for t in tables}
     chunked_entries = [e for e in plan["tables"] if e["mode"] == "chunked"]
@@ -289,10 +295,10 @@ def _read_chunks(spark: Any, store: SnapshotStore, plan: dict[str, Any], tables:
         if any(int(c["n"]) not in done for c in entry["chunks"]) and recheck.forget(store, entry["dir"], done):
             log.info("%s: chunks to read again; its recheck follows them", entry["dir"])
     chunked = [w for e in chunked_entries for w in _missing_works(store, plan, by_name, opts, dsn, e)]
-    read = len(_run_job(spark, chunked, parallelism, stop))
+    read = len(run(chunked, parallelism, stop))
     if stop is None or not stop.requested:
         pieces = [w for e in chunked_entries for w in _recheck_works(store, by_name, opts, dsn, e)]
-        summary.rechecks_read = len(_run_job(spark, pieces, parallelism, stop))
+        summary.rechecks_read = len(run(pieces, parallelism, stop))
     for entry in plan["tables"]:
         if entry["mode"] != "shared" or (stop is not None and stop.requested):
             continue
@@ -307,7 +313,7 @@ def _read_chunks(spark: Any, store: SnapshotStore, plan: dict[str, Any], tables:
                     held = time.monotonic()
                     works = _missing_works(store, plan, by_name, opts, dsn, entry, exported=shared.exported,
                                            exported_relfilenode=shared.relfilenode)
-                    read += len(_run_job(spark, works, parallelism, stop))
+                    read += len(run(works, parallelism, stop))
                     held = time.monotonic() - held
                 summary.longest_snapshot_s = max(summary.longest_snapshot_s, round(held, 3))
                 break
@@ -366,6 +372,20 @@ def _modes(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
             for e in plan["tables"]}
 
 
+def _runner(spark: Any, opts: SnapshotOptions, stop: StopRequest | None) -> tuple[Runner, int]:
+    """How this run's chunks run, and its default parallelism (:mod:`pgpoll.snapshot.engines`)."""
+    from pgpoll.spark.session import local_master_expected
+
+    if in_driver(requested_engine(), driver_reaches_output=not needs_spark(opts.output),
+                 local_master=local_master_expected(spark)):
+        return run_in_driver, os.cpu_count() or 1
+    from pgpoll.spark.session import spark_session
+
+    spark = spark or spark_session("pgpoll-snapshot")
+    stopping.reclaim(stop)  # SparkContext replaced the SIGINT handler with its own
+    return functools.partial(_run_job, spark), int(spark.sparkContext.defaultParallelism)
+
+
 def run_snapshot(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | None = None,
                  show_progress: Callable[[str], None] | None = None) -> SnapshotSummary:
     """Snapshot the captured tables into the output; returns the summary (status "interrupted" on a stop)."""
@@ -397,12 +417,10 @@ def run_snapshot(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | N
                           pieces=sum(len(recheck.recheck_specs(e)) for e in plan["tables"]))
         watcher.start()
         if stop is None or not stop.requested:
-            from pgpoll.spark.session import spark_session
-
-            spark = spark or spark_session("pgpoll-snapshot")
-            stopping.reclaim(stop)  # SparkContext replaced the SIGINT handler with its own
+            run, default = _runner(spark, opts, stop)
+            summary.engine = "spark" if run is not run_in_driver else "driver"
             with contextlib.suppress(stopping.StopRequestedError):  # stopped: reported below
-                summary.chunks_read = _read_chunks(spark, store, plan, tables, opts, target.dsn, stop, summary)
+                summary.chunks_read = _read_chunks(run, default, store, plan, tables, opts, target.dsn, stop, summary)
         if watcher.lost is not None:
             raise watcher.lost
         if stop is not None and stop.requested:

@@ -57,9 +57,12 @@ def _by_id(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {int(r["id"]): r for r in rows}
 
 
+@pytest.mark.parametrize("engine", ["auto", "spark"])
 def test_rows_from_before_the_slot_land_in_the_format_with_the_typed_tables_values(
-    db: Any, spark: Any, tmp_path: Path
+    db: Any, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
+    """The same chunks, read by the driver's threads (auto: Spark would be local here) or by Spark tasks."""
+    monkeypatch.setenv("PGPOLL_SNAPSHOT_ENGINE", engine)
     args, out = _setup(db, tmp_path)
     db.execute(_FILL, (1001, 1120))  # after the slot: ingest --typed-tables writes these too
     code = CliRunner().invoke(cli, ["ingest", *args, "--typed-tables"], env={"PGPOLL_DSN": db.dsn}).exit_code
@@ -67,6 +70,7 @@ def test_rows_from_before_the_slot_land_in_the_format_with_the_typed_tables_valu
     code, summary, err = _run(db.dsn, *args, "--chunk-rows", "50", "--parallelism", "2")
     assert code == 0, err
     assert summary is not None and summary["status"] == "ok" and summary["rows"] == 370 and summary["chunks"] >= 3
+    assert summary["engine"] == ("driver" if engine == "auto" else "spark")
     assert summary["tables"] == 1 and summary["exit_code"] == 0 and summary["bytes"] > 0
     found = latest_complete(open_output(out), "public", "t")
     assert found is not None and found.snapshot_id == summary["snapshot_id"]
@@ -122,6 +126,32 @@ def test_a_second_snapshot_of_the_same_table_exits_3_at_once_and_writes_nothing(
     assert code == 3 and summary is not None and summary["status"] == "error", err
     assert "another snapshot run (another-run" in err
     assert not (Path(out) / "snapshots").exists() and not (Path(out) / "_pgpoll" / "snapshots").exists()
+
+
+def test_a_small_snapshot_in_a_new_process_starts_no_jvm(db: Any, tmp_path: Path) -> None:
+    """Spark would be local, so the driver reads the chunks itself: no JVM, no Spark worker (issue: about 12 s of
+    an empty table's snapshot was Spark's start-up)."""
+    args, out = _setup(db, tmp_path, rows=0)
+    env = dict(os.environ, PGPOLL_DSN=db.dsn)
+    env.pop("PYSPARK_SUBMIT_ARGS", None)
+    script = ("import sys\nfrom pgpoll.cli.main import main\n"
+              "try:\n    main(sys.argv[1:])\n"
+              "finally:\n    print('JVM' if 'pyspark.sql.session' in sys.modules and "
+              "sys.modules['pyspark'].SparkContext._active_spark_context else 'NOJVM', file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", script, "snapshot", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["engine"] == "driver" and summary["rows"] == 0 and summary["status"] == "ok"
+    assert proc.stderr.strip().endswith("NOJVM"), proc.stderr[-2000:]
+
+
+def test_an_unknown_snapshot_engine_is_a_usage_error(db: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args, out = _setup(db, tmp_path, rows=10)
+    monkeypatch.setenv("PGPOLL_SNAPSHOT_ENGINE", "gpu")
+    code, summary, err = _run(db.dsn, *args)
+    assert code == 2 and "PGPOLL_SNAPSHOT_ENGINE" in err and "'gpu'" in err, err
+    assert not list(Path(out).glob("_pgpoll/snapshots/*/complete.json"))
 
 
 @pytest.mark.parametrize("extra", [["--tables", "public.nosuch"], ["--output", "hdfs://namenode:8020/x"]])
