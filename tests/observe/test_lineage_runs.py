@@ -1,0 +1,196 @@
+"""OpenLineage events of real runs, caught by a local HTTP receiver (the HTTP transport's peer on loopback).
+
+One source table, one output: ingest (typed tables), snapshot and materialize each send START then COMPLETE
+with their datasets; a failing ingest sends FAIL and keeps its exit code; nothing is sent without a
+configuration or when lineage is disabled, a lineage server that is down is a warning, and stdout carries
+only the summary lines. No event holds the source's password.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from pgpoll.cli.main import cli
+
+RUN = "01931885-2800-7be7-aa8d-aaa15c337267"
+ROOT = "01931885-2800-799d-8041-88a263ffa0d8"
+OL_VARS = ("OPENLINEAGE_URL", "OPENLINEAGE_CONFIG", "OPENLINEAGE_DISABLED", "OPENLINEAGE_NAMESPACE",
+           "OPENLINEAGE_PARENT_ID", "OPENLINEAGE_ROOT_PARENT_ID", "OPENLINEAGE_ENDPOINT", "OPENLINEAGE_API_KEY")
+
+
+class Receiver:
+    """A lineage server's stand-in: keeps every JSON body POSTed to it."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.bodies: list[str] = []
+        events, bodies = self.events, self.bodies
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode()
+                bodies.append(body)
+                events.append(json.loads(body))
+                self.send_response(201)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def take(self) -> list[dict[str, Any]]:
+        out = list(self.events)
+        self.events.clear()
+        return out
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Receiver]:
+    """A receiver, with no other OpenLineage configuration in reach (environment, working directory, home)."""
+    for name in OL_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    found = Receiver()
+    yield found
+    found.close()
+
+
+def _run(env: dict[str, str], *args: str) -> Any:
+    result = CliRunner().invoke(cli, list(args), env=env)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def _only_summaries(stdout: str) -> None:
+    """stdout holds pgpoll's JSON lines and nothing else: no event, no client chatter."""
+    for line in stdout.splitlines():
+        if line.strip():
+            assert "eventType" not in json.loads(line), line
+
+
+def _datasets(event: dict[str, Any], side: str) -> dict[str, dict[str, Any]]:
+    return {f"{d['namespace']}|{d['name']}": d for d in event[side]}
+
+
+def _pair(events: list[dict[str, Any]], job: str, end: str = "COMPLETE") -> dict[str, Any]:
+    """The run's two events, START then ``end``, of one run id; returns the end event."""
+    assert [e["eventType"] for e in events] == ["START", end], events
+    start, done = events
+    assert start["run"]["runId"] == done["run"]["runId"]
+    assert start["job"]["name"] == done["job"]["name"] and done["job"]["name"].startswith(f"pgpoll.{job}.")
+    assert done["job"]["facets"]["jobType"]["jobType"] == job.upper()
+    assert done["run"]["facets"]["parent"]["run"]["runId"] == RUN
+    assert done["run"]["facets"]["parent"]["root"]["run"]["runId"] == ROOT
+    return done
+
+
+def _columns(dataset: dict[str, Any]) -> list[tuple[str, str | None]]:
+    return [(f["name"], f.get("type")) for f in dataset["facets"]["schema"]["fields"]]
+
+
+def test_ingest_snapshot_and_materialize_each_send_start_and_complete_with_their_datasets(
+    db: Any, spark: Any, tmp_path: Path, receiver: Receiver,
+) -> None:
+    db.require_plugin("pgoutput")
+    db.execute("CREATE TABLE public.items (id int PRIMARY KEY, note text)")
+    db.execute("INSERT INTO public.items VALUES (1, 'before the slot')")
+    slot = db.slot_name()
+    db.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    db.execute("CREATE PUBLICATION p FOR TABLE public.items")
+    db.execute("INSERT INTO public.items VALUES (2, 'after'), (3, 'after')")
+    out, state = tmp_path / "out", tmp_path / "state"
+    env = {"PGPOLL_DSN": db.dsn, "OPENLINEAGE_URL": receiver.url,
+           "OPENLINEAGE_PARENT_ID": f"default/pgpoll_dag.ingest/{RUN}",
+           "OPENLINEAGE_ROOT_PARENT_ID": f"default/pgpoll_dag/{ROOT}"}
+    port, database = db.dsn.rsplit(":", 1)[1].split("/")
+    source_ns, source = f"postgres://127.0.0.1:{port}", f"{database}.public.items"
+    source_key = f"{source_ns}|{source}"
+    changes_key, typed_key = f"file|{out}/changes", f"file|{out}/tables/public.items"
+
+    result = _run(env, "ingest", "--slot", slot, "--publication", "p", "--output", str(out), "--typed-tables")
+    assert result.exit_code == 0, result.output
+    _only_summaries(result.stdout)
+    done = _pair(receiver.take(), "ingest")
+    inputs, outputs = _datasets(done, "inputs"), _datasets(done, "outputs")
+    assert list(inputs) == [source_key]
+    assert _columns(inputs[source_key]) == [("id", "integer"), ("note", "text")]
+    assert set(outputs) == {changes_key, typed_key}
+    assert outputs[changes_key]["outputFacets"]["outputStatistics"]["rowCount"] == 2
+    lineage = outputs[typed_key]["facets"]["columnLineage"]["fields"]
+    assert {name: [(f["namespace"], f["name"], f["field"]) for f in spec["inputFields"]]
+            for name, spec in lineage.items()} == {"id": [(source_ns, source, "id")], "note": [(source_ns, source, "note")]}
+
+    result = _run(env, "snapshot", "--slot", slot, "--publication", "p", "--output", str(out))
+    assert result.exit_code == 0, result.output
+    _only_summaries(result.stdout)
+    done = _pair(receiver.take(), "snapshot")
+    assert list(_datasets(done, "inputs")) == [source_key]
+    [snapshot] = done["outputs"]
+    assert (snapshot["namespace"], snapshot["name"]) == ("file", f"{out}/snapshots/public.items")
+    assert snapshot["facets"]["columnLineage"]["fields"]["note"]["inputFields"][0]["name"] == source
+
+    result = _run(env, "materialize", "--output", str(out), "--to", str(state), "--json")
+    assert result.exit_code == 0, result.output
+    _only_summaries(result.stdout)
+    done = _pair(receiver.take(), "materialize")
+    assert list(_datasets(done, "inputs")) == [typed_key]
+    [table] = done["outputs"]
+    assert table["namespace"] == "file" and table["name"].startswith(str(state))
+    assert table["outputFacets"]["outputStatistics"]["rowCount"] == 3
+    note = table["facets"]["columnLineage"]["fields"]["note"]["inputFields"]
+    assert [(f["namespace"], f["name"], f["field"]) for f in note] == [("file", f"{out}/tables/public.items", "note")]
+
+    # a run that fails: FAIL with the error, and the exit code it has without lineage
+    result = _run(env, "ingest", "--slot", slot, "--publication", "missing", "--output", str(out))
+    assert result.exit_code == 4, result.output
+    done = _pair(receiver.take(), "ingest", "FAIL")
+    assert 'publication "missing" does not exist' in done["run"]["facets"]["errorMessage"]["message"]
+
+    password = db.dsn.split("@")[0].rsplit(":", 1)[1]
+    assert len(password) >= 8 and not any(password in body for body in receiver.bodies)
+    assert not any("password" in body.lower() for body in receiver.bodies)
+
+
+def test_nothing_is_sent_unconfigured_or_disabled_and_a_server_down_is_only_a_warning(
+    db: Any, tmp_path: Path, receiver: Receiver, caplog: pytest.LogCaptureFixture,
+) -> None:
+    slot = db.slot_name()
+    db.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, 'test_decoding')", (slot,))
+    args = ["ingest", "--slot", slot, "--output", str(tmp_path / "out")]
+
+    result = _run({"PGPOLL_DSN": db.dsn}, *args)  # no configuration: no client, nothing on stdout but the summary
+    assert result.exit_code == 0, result.output
+    [line] = result.stdout.splitlines()
+    assert json.loads(line)["status"] == "ok"
+    assert "OpenLineage" not in result.stderr and "OpenLineage" not in caplog.text
+
+    result = _run({"PGPOLL_DSN": db.dsn, "OPENLINEAGE_URL": receiver.url, "OPENLINEAGE_DISABLED": "true"}, *args)
+    assert result.exit_code == 0 and receiver.take() == []
+
+    (tmp_path / "down.yml").write_text(  # a closed port, no retries (the client's default retries for seconds)
+        "transport:\n  type: http\n  url: http://127.0.0.1:9\n  timeout: 2\n  retry:\n    total: 0\n")
+    caplog.clear()
+    result = _run({"PGPOLL_DSN": db.dsn, "OPENLINEAGE_CONFIG": str(tmp_path / "down.yml")}, *args)
+    assert result.exit_code == 0, result.output
+    _only_summaries(result.stdout)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "pgpoll.observe"]
+    assert len(warnings) == 2 and all("not sent" in w for w in warnings), warnings
+    assert warnings[0].startswith("OpenLineage START event") and "COMPLETE" in warnings[1]
