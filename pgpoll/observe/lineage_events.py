@@ -16,7 +16,7 @@ lineage backend. The facets (OpenLineage's standard ones, as ``openlineage-pytho
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from importlib import metadata
 
@@ -81,7 +81,6 @@ class RunLineage:
     inputs: tuple[DatasetRef, ...] = ()
     outputs: tuple[DatasetRef, ...] = ()
     parent: Parent | None = None
-    extra_outputs: tuple[DatasetRef, ...] = field(default=())  # known only at the end (a materialize's states)
 
 
 def _schema(columns: tuple[Column, ...]) -> schema_dataset.SchemaDatasetFacet:
@@ -144,7 +143,7 @@ def build_event(run: RunLineage, event_type: str, when: datetime, error: str | N
     """The event of ``event_type`` (START, COMPLETE, FAIL, ABORT) for ``run`` at ``when``.
 
     ``START`` carries the datasets known before the run (a materialize's state tables are known only at its
-    end: ``extra_outputs``); the other events carry them all, with the statistics the run counted.
+    end); the other events carry them all, with the statistics the run counted.
     """
     final = event_type != "START"
     run_facets: dict[str, object] = {
@@ -157,7 +156,6 @@ def build_event(run: RunLineage, event_type: str, when: datetime, error: str | N
     job_facets = {
         "jobType": job_type_job.JobTypeJobFacet(processingType="BATCH", integration=INTEGRATION, jobType=run.job.upper()),
     }
-    outputs = run.outputs + (run.extra_outputs if final else ())
     return RunEvent(
         eventType=EVENT_TYPES[event_type],
         eventTime=when.isoformat(),
@@ -165,5 +163,5 @@ def build_event(run: RunLineage, event_type: str, when: datetime, error: str | N
         job=Job(namespace=run.job_namespace, name=run.job_name, facets=job_facets),  # type: ignore[arg-type]
         producer=producer(),
         inputs=[_input(d) for d in run.inputs],
-        outputs=[_output(d, final) for d in outputs],
+        outputs=[_output(d, final) for d in run.outputs],
     )
