@@ -103,6 +103,7 @@ class RunEmitter:
         from pgpoll.observe.lineage_names import location, parent_run
 
         self.client, self.job, self.opts = client, job, opts
+        self.cache: dict[str, Any] = {}  # what is read once per run (the publications' tables)
         self.run_id = str(generate_new_uuid())
         self.parent = parent_run(os.environ, _spark_conf(spark))
         self.namespace = os.environ.get(JOB_NAMESPACE_ENV) or DEFAULT_JOB_NAMESPACE
@@ -115,7 +116,7 @@ class RunEmitter:
 
         describe = {"ingest": datasets.ingest_datasets, "snapshot": datasets.snapshot_datasets,
                     "materialize": datasets.materialize_datasets}[self.job]
-        inputs, outputs = describe(self.opts, result)
+        inputs, outputs = describe(self.opts, result, self.cache)
         return RunLineage(self.job, self.namespace, self.name, self.run_id, inputs, outputs, self.parent)
 
     def emit(self, event_type: str, result: Any = None, error: BaseException | None = None) -> None:

@@ -69,15 +69,22 @@ def read_ledgers(output: str) -> dict[tuple[str, str], list[LedgerEntry]]:
         return {}
 
 
-def _published_tables(dsn: str, publications: Sequence[str]) -> list[tuple[str, str]]:
-    """The publications' tables, read on a short connection of its own (lineage only; errors give none)."""
+def _published_tables(dsn: str, publications: Sequence[str], cache: dict[str, Any]) -> list[tuple[str, str]]:
+    """The publications' tables, read once per run on a short connection of its own (lineage only; errors give
+    none, and a server that does not answer costs one short connect timeout, not one per event)."""
     if not publications:
         return []
+    if "published" not in cache:
+        cache["published"] = _read_published(dsn, publications)
+    return list(cache["published"])
+
+
+def _read_published(dsn: str, publications: Sequence[str]) -> list[tuple[str, str]]:
     from pgpoll.source.connection import connect, resolve_dsn
     from pgpoll.source.server_state import captured_tables
 
     try:
-        conn = connect(resolve_dsn(dsn or None), application_name="pgpoll-lineage")
+        conn = connect(resolve_dsn(dsn or None), application_name="pgpoll-lineage", connect_timeout=5)
         try:
             return captured_tables(conn, list(publications))
         finally:
@@ -109,11 +116,13 @@ def _typed(output: str, server: ServerName | None, key: tuple[str, str], entries
     return DatasetRef(namespace, name, columns)
 
 
-def ingest_datasets(opts: Any, summary: Any | None) -> tuple[tuple[DatasetRef, ...], tuple[DatasetRef, ...]]:
+def ingest_datasets(
+    opts: Any, summary: Any | None, cache: dict[str, Any],
+) -> tuple[tuple[DatasetRef, ...], tuple[DatasetRef, ...]]:
     """An ingest run's inputs and outputs (``summary``: the run's, once it has ended)."""
     server = server_name(source_dsn(opts))
     ledgers = read_ledgers(opts.output)
-    keys = sorted(set(ledgers) | set(_published_tables(source_dsn(opts), tuple(getattr(opts, "publications", ())))))
+    keys = sorted(set(ledgers) | set(_published_tables(source_dsn(opts), tuple(getattr(opts, "publications", ())), cache)))
     inputs = tuple(_source(server, key, ledgers) for key in keys)
     namespace, name = join(location(opts.output), layout.CHANGES)
     changes = DatasetRef(namespace, name, rows=getattr(summary, "changes", None), size=getattr(summary, "bytes", None))
@@ -121,13 +130,15 @@ def ingest_datasets(opts: Any, summary: Any | None) -> tuple[tuple[DatasetRef, .
     return inputs, (changes, *typed)
 
 
-def snapshot_datasets(opts: Any, summary: Any | None) -> tuple[tuple[DatasetRef, ...], tuple[DatasetRef, ...]]:
+def snapshot_datasets(
+    opts: Any, summary: Any | None, cache: dict[str, Any],
+) -> tuple[tuple[DatasetRef, ...], tuple[DatasetRef, ...]]:
     """A snapshot run's inputs (the snapshotted tables) and outputs (each table's snapshot area)."""
     server = server_name(source_dsn(opts))
     ledgers = read_ledgers(opts.output)
     names = list(getattr(summary, "table_names", None) or [])
     keys = sorted({tuple(n.split(".", 1)) for n in names if "." in n}) if names else sorted(
-        set(_published_tables(source_dsn(opts), tuple(getattr(opts, "publications", ())))))
+        set(_published_tables(source_dsn(opts), tuple(getattr(opts, "publications", ())), cache)))
     inputs = tuple(_source(server, (k[0], k[1]), ledgers) for k in keys)
     outputs = []
     for schema, table in keys:
@@ -139,7 +150,9 @@ def snapshot_datasets(opts: Any, summary: Any | None) -> tuple[tuple[DatasetRef,
     return inputs, tuple(outputs)
 
 
-def materialize_datasets(opts: Any, results: Sequence[Any] | None) -> tuple[tuple[DatasetRef, ...], tuple[DatasetRef, ...]]:
+def materialize_datasets(
+    opts: Any, results: Sequence[Any] | None, cache: dict[str, Any],
+) -> tuple[tuple[DatasetRef, ...], tuple[DatasetRef, ...]]:
     """A materialize run's inputs (the typed tables) and outputs (each state table it reports)."""
     ledgers = read_ledgers(opts.output)
     typed = {key: _typed(opts.output, None, key, entries) for key, entries in sorted(ledgers.items())}

@@ -194,3 +194,22 @@ def test_nothing_is_sent_unconfigured_or_disabled_and_a_server_down_is_only_a_wa
     warnings = [r.getMessage() for r in caplog.records if r.name == "pgpoll.observe"]
     assert len(warnings) == 2 and all("not sent" in w for w in warnings), warnings
     assert warnings[0].startswith("OpenLineage START event") and "COMPLETE" in warnings[1]
+
+
+def test_a_run_that_cannot_reach_its_server_fails_alike_with_lineage_and_its_fail_event_has_no_secret(
+    tmp_path: Path, receiver: Receiver,
+) -> None:
+    dsn = "postgresql://capture:s3cret-pw@127.0.0.1:1/shop"  # nothing listens on port 1: refused at once
+    args = ["ingest", "--slot", "s1", "--publication", "p", "--output", str(tmp_path / "out")]
+    without = _run({"PGPOLL_DSN": dsn}, *args)
+    assert without.exit_code != 0 and receiver.take() == []
+    result = _run({"PGPOLL_DSN": dsn, "OPENLINEAGE_URL": receiver.url}, *args)
+    assert result.exit_code == without.exit_code, result.output
+    _only_summaries(result.stdout)
+    start, failed = receiver.take()
+    assert (start["eventType"], failed["eventType"]) == ("START", "FAIL")
+    assert failed["job"]["name"] == "pgpoll.ingest.s1" and "parent" not in failed["run"]["facets"]
+    assert failed["inputs"] == [] and failed["run"]["facets"]["errorMessage"]["message"]
+    [changes] = failed["outputs"]
+    assert (changes["namespace"], changes["name"]) == ("file", f"{tmp_path}/out/changes")
+    assert not any("s3cret-pw" in body for body in receiver.bodies)
