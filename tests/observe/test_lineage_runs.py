@@ -9,6 +9,7 @@ only the summary lines. No event holds the source's password.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -184,6 +185,14 @@ def test_nothing_is_sent_unconfigured_or_disabled_and_a_server_down_is_only_a_wa
 
     result = _run({"PGPOLL_DSN": db.dsn, "OPENLINEAGE_URL": receiver.url, "OPENLINEAGE_DISABLED": "true"}, *args)
     assert result.exit_code == 0 and receiver.take() == []
+
+    # a configuration file without a transport: the client would fall back to the console; pgpoll sends nothing
+    (tmp_path / "no-transport.yml").write_text("facets:\n  environment_variables: [HOME]\n")
+    caplog.set_level(logging.INFO, logger="openlineage")  # where the console transport would write an event
+    result = _run({"PGPOLL_DSN": db.dsn, "OPENLINEAGE_CONFIG": str(tmp_path / "no-transport.yml")}, *args)
+    assert result.exit_code == 0, result.output
+    [line] = result.stdout.splitlines()
+    assert json.loads(line)["status"] == "ok" and '"eventType"' not in caplog.text
 
     (tmp_path / "down.yml").write_text(  # a closed port, no retries (the client's default retries for seconds)
         "transport:\n  type: http\n  url: http://127.0.0.1:9\n  timeout: 2\n  retry:\n    total: 0\n")
