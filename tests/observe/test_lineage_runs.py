@@ -222,3 +222,29 @@ def test_a_run_that_cannot_reach_its_server_fails_alike_with_lineage_and_its_fai
     [changes] = failed["outputs"]
     assert (changes["namespace"], changes["name"]) == ("file", f"{tmp_path}/out/changes")
     assert not any("s3cret-pw" in body for body in receiver.bodies)
+
+
+def test_the_parent_run_comes_from_the_properties_spark_submit_gives_the_driver(
+    spark: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """spark-submit sets each ``--conf`` as a system property of the driver's JVM, which a new ``SparkConf``
+    loads; pgpoll reads them from that JVM without starting Spark (the parent, before any SparkSession)."""
+    from pgpoll.observe.lineage import _spark_conf
+    from pgpoll.observe.lineage_names import Parent, RunRef, parent_run
+
+    props = {"spark.openlineage.parentJobNamespace": "airflow", "spark.openlineage.parentJobName": "dag.ingest",
+             "spark.openlineage.parentRunId": RUN, "spark.openlineage.rootParentJobNamespace": "airflow",
+             "spark.openlineage.rootParentJobName": "dag", "spark.openlineage.rootParentRunId": ROOT}
+    system = spark.sparkContext._jvm.java.lang.System
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")  # what spark-submit sets for its Python driver (already connected)
+    for key, value in props.items():
+        system.setProperty(key, value)
+    try:
+        conf = _spark_conf(None)
+    finally:
+        for key in props:
+            system.clearProperty(key)
+    assert conf == props
+    assert parent_run({}, conf) == Parent(RunRef("airflow", "dag.ingest", RUN), RunRef("airflow", "dag", ROOT))
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT")
+    assert _spark_conf(None) is None  # not under spark-submit: no JVM is started to look
