@@ -248,3 +248,21 @@ def test_the_parent_run_comes_from_the_properties_spark_submit_gives_the_driver(
     assert parent_run({}, conf) == Parent(RunRef("airflow", "dag.ingest", RUN), RunRef("airflow", "dag", ROOT))
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT")
     assert _spark_conf(None) is None  # not under spark-submit: no JVM is started to look
+
+
+def test_a_stopped_run_ends_with_abort(db: Any, tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run stopped by SIGTERM (its summary "interrupted") ends with ABORT, not COMPLETE."""
+    import signal
+
+    from pgpoll.ingest.run import IngestOptions, run_ingest
+    from pgpoll.stopping import StopRequest
+
+    slot = db.slot_name()
+    db.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, 'test_decoding')", (slot,))
+    monkeypatch.setenv("OPENLINEAGE_URL", receiver.url)
+    stop = StopRequest()
+    stop.request(signal.SIGTERM)  # before the first batch: the run stops at its first safe point
+    summary = run_ingest(IngestOptions(slot=slot, output=str(tmp_path / "out"), dsn=db.dsn), stop=stop)
+    assert summary.status == "interrupted"
+    _start, aborted = receiver.take()
+    assert aborted["eventType"] == "ABORT" and aborted["job"]["name"] == f"pgpoll.ingest.{slot}"
