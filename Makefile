@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PGPOLL_TEST_PG ?= 15,16,17,18
 export PGPOLL_TEST_PG
 
-.PHONY: help prereqs install test demo bench dist airflow-venv docs vendor-mermaid clean
+.PHONY: help prereqs install test demo bench dist airflow-venv docs vendor-mermaid vendor-uplot clean
 
 help:
 	@echo "make demo   - set up .venv, start a throwaway PostgreSQL, fill a slot and show it"
@@ -85,6 +85,21 @@ vendor-mermaid:
 	    echo "update: make vendor-mermaid MERMAID_VERSION=11.x.y (tests/docs/test_site.py checks this file against mermaid.min.js)"; \
 	  } > $(MERMAID_DIR)/VERSION
 	@cat $(MERMAID_DIR)/VERSION
+
+# uPlot draws `pgpoll report`'s charts, inlined into the page (package data). make vendor-uplot UPLOT_VERSION=1.6.x
+UPLOT_VERSION ?= 1.6.32
+UPLOT_DIR := pgpoll/observe/vendor/uplot
+vendor-uplot:
+	@command -v npm >/dev/null 2>&1 || { echo "vendor-uplot needs npm (Debian: apt-get install npm)"; exit 2; }
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  (cd "$$tmp" && npm pack --silent uplot@$(UPLOT_VERSION) >/dev/null && tar xzf uplot-$(UPLOT_VERSION).tgz) && \
+	  cp "$$tmp/package/dist/uPlot.iife.min.js" "$$tmp/package/dist/uPlot.min.css" "$$tmp/package/LICENSE" $(UPLOT_DIR)/ && \
+	  { echo "version: $(UPLOT_VERSION)"; \
+	    echo "source: npm pack uplot@$(UPLOT_VERSION) (npm checks the registry's integrity hash): package/dist/uPlot.iife.min.js, package/dist/uPlot.min.css and package/LICENSE (MIT)"; \
+	    echo "sha256: $$(sha256sum $(UPLOT_DIR)/uPlot.iife.min.js | cut -d' ' -f1)"; \
+	    echo "update: make vendor-uplot UPLOT_VERSION=1.6.x (tests/observe/test_report.py checks this file against uPlot.iife.min.js)"; \
+	  } > $(UPLOT_DIR)/VERSION
+	@cat $(UPLOT_DIR)/VERSION
 
 # What a Spark cluster needs: the wheel (pip install it where pgpoll should be installed), the same
 # wheel as dist/pgpoll.zip (spark-submit --py-files puts only .zip/.egg/.jar files on the executors'

@@ -12,6 +12,9 @@ Optional flags (``--typed-tables``, ``--to``, ``--tables``...) are added in
 ``execute`` from rendered template fields, since a templated list cannot drop
 an element.
 
+Every task passes its run to pgpoll as the OpenLineage parent
+(:func:`lineage_parent_env`), where Airflow's OpenLineage provider is installed.
+
 Only Airflow and the standard library are imported here: pgpoll is installed
 in Airflow's environment without its dependencies.
 """
@@ -42,6 +45,35 @@ MATERIALIZE_FORMATS = ("parquet", "delta", "iceberg")
 SNAPSHOT_KEYS = {"application", "parallelism"}
 CONFIG = "var.json.pgpoll_ingest"
 ERROR_PREFIXES = ("error:", "unexpected error:", "fix:")
+
+
+LINEAGE_PARENT_ENV = ("OPENLINEAGE_PARENT_ID", "OPENLINEAGE_ROOT_PARENT_ID")
+
+
+def lineage_parent_env(task_instance: Any) -> dict[str, str]:
+    """This task's run as the parent of pgpoll's run: ``OPENLINEAGE_PARENT_ID`` and ``OPENLINEAGE_ROOT_PARENT_ID``.
+
+    Rendered by the OpenLineage provider's own macros (``{namespace}/{job name}/{run id}``, the ids its
+    listener gives the task and the DAG run), so Marquez or any lineage backend links the task to the
+    pgpoll run it started. Empty where the provider is not installed or lineage is disabled. The provider's
+    ``spark_inject_parent_job_info`` adds the same as ``spark.openlineage.parent*`` properties, which
+    pgpoll reads too; the environment reaches the driver in every deploy mode and without a SparkSession.
+    """
+    try:
+        from airflow.providers.openlineage import conf as ol_conf
+        from airflow.providers.openlineage.plugins import macros
+    except ImportError:
+        return {}
+    try:
+        if ol_conf.is_disabled():
+            return {}
+        env = {"OPENLINEAGE_PARENT_ID": str(macros.lineage_parent_id(task_instance))}
+        root = getattr(macros, "lineage_root_parent_id", None)  # provider 2.3.0 and later
+        if root is not None:
+            env["OPENLINEAGE_ROOT_PARENT_ID"] = str(root(task_instance))
+        return env
+    except Exception:  # lineage never fails the task: the run goes on without a parent
+        return {}
 
 
 def parse_summary(line: str) -> dict[str, Any] | None:
@@ -122,10 +154,12 @@ class _WatchedSparkSubmit(SparkSubmitOperator):  # type: ignore[misc]  # (Airflo
     # SparkSubmitOperator's, set again in execute() from the rendered configuration (typed here for mypy)
     application: str | None
     application_args: list[str] | None
+    env_vars: dict[str, Any] | None
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.errors: list[str] = []
+        self._lineage_env: dict[str, str] = {}  # the parent run's variables this operator added (not the user's)
 
     def _line(self, line: str) -> None:
         raise NotImplementedError
@@ -155,6 +189,9 @@ class _WatchedSparkSubmit(SparkSubmitOperator):  # type: ignore[misc]  # (Airflo
 
     def _submit(self, context: Any) -> None:
         self.errors = []
+        env = {k: v for k, v in (self.env_vars or {}).items() if k not in self._lineage_env}  # a retry's own
+        self._lineage_env = {k: v for k, v in lineage_parent_env(context.get("ti")).items() if k not in env}
+        self.env_vars = {**env, **self._lineage_env} or None
         try:
             super().execute(context)
         except AirflowException as exc:

@@ -45,6 +45,7 @@ from pgpoll.ingest.batch_job import StoppedError, driver_batch_wal, run_batch
 from pgpoll.ingest.progress_channel import BatchProgressLog, ProgressListener
 from pgpoll.ingest.task import BatchSpec
 from pgpoll.lsn import Lsn
+from pgpoll.observe.lineage import observed
 from pgpoll.sink import layout
 from pgpoll.sink.commit.batches import BatchSink
 from pgpoll.sink.commit.lease import Lease, LeaseKeeper
@@ -247,6 +248,7 @@ class _SparkOnDemand:
             self.listener.close()
 
 
+@observed("ingest")  # OpenLineage START, then COMPLETE/FAIL/ABORT (when configured)
 def run_ingest(
     opts: IngestOptions,
     spark: Any = None,

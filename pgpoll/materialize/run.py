@@ -63,6 +63,7 @@ from pgpoll.materialize.state_log import SCRATCH, stale_scratch
 from pgpoll.materialize.state_log import STATE_FILE as STATE_FILE  # (imported from here by delta_state)
 from pgpoll.materialize.table_pool import run_in_order
 from pgpoll.materialize.visibility import SnapshotFilter
+from pgpoll.observe.lineage import observed
 from pgpoll.sink import layout
 from pgpoll.sink.commit.log import CommitLog, CommitRecord
 from pgpoll.sink.stores.filesystem import check_readable, check_writable, needs_spark, open_output
@@ -382,6 +383,7 @@ class Materializer(ParquetState):
         return described, columns, [renamed.get(k, k) for k in _replay_key(described)], warnings
 
 
+@observed("materialize")  # OpenLineage START, then COMPLETE/FAIL/ABORT (when configured)
 def run_materialize(
     opts: MaterializeOptions, spark: Any = None, *, materializer: type[Materializer] | None = None,
     stop: StopRequest | None = None,

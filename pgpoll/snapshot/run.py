@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgpoll import stopping
 from pgpoll.errors import ConfigError, PgpollError, SinkError, TableRewrittenError, first_line
+from pgpoll.observe.lineage import observed
 from pgpoll.sink.commit.lease import Lease
 from pgpoll.sink.snapshot_store import SnapshotStore, find_resumable, new_snapshot_id, now_iso, table_lease
 from pgpoll.sink.stores.filesystem import OutputFs, check_writable, needs_spark, open_output
@@ -386,6 +387,7 @@ def _runner(spark: Any, opts: SnapshotOptions, stop: StopRequest | None) -> tupl
     return functools.partial(_run_job, spark), int(spark.sparkContext.defaultParallelism)
 
 
+@observed("snapshot")  # OpenLineage START, then COMPLETE/FAIL/ABORT (when configured)
 def run_snapshot(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | None = None,
                  show_progress: Callable[[str], None] | None = None) -> SnapshotSummary:
     """Snapshot the captured tables into the output; returns the summary (status "interrupted" on a stop)."""

@@ -131,7 +131,7 @@ def test_a_second_snapshot_of_the_same_table_exits_3_at_once_and_writes_nothing(
 def test_a_small_snapshot_in_a_new_process_starts_no_jvm(db: Any, tmp_path: Path) -> None:
     """Spark would be local, so the driver reads the chunks itself: no JVM, no Spark worker (issue: about 12 s of
     an empty table's snapshot was Spark's start-up)."""
-    args, out = _setup(db, tmp_path, rows=0)
+    args, _out = _setup(db, tmp_path, rows=0)
     env = dict(os.environ, PGPOLL_DSN=db.dsn)
     env.pop("PYSPARK_SUBMIT_ARGS", None)
     script = ("import sys\nfrom pgpoll.cli.main import main\n"
@@ -150,6 +150,7 @@ def test_an_unknown_snapshot_engine_is_a_usage_error(db: Any, tmp_path: Path, mo
     args, out = _setup(db, tmp_path, rows=10)
     monkeypatch.setenv("PGPOLL_SNAPSHOT_ENGINE", "gpu")
     code, summary, err = _run(db.dsn, *args)
+    assert summary is not None and summary["exit_code"] == 2
     assert code == 2 and "PGPOLL_SNAPSHOT_ENGINE" in err and "'gpu'" in err, err
     assert not list(Path(out).glob("_pgpoll/snapshots/*/complete.json"))
 
