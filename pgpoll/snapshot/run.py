@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgpoll import stopping
 from pgpoll.errors import ConfigError, PgpollError, SinkError, TableRewrittenError, first_line
+from pgpoll.observe.runs import run_ended, run_started
 from pgpoll.sink.commit.lease import Lease
 from pgpoll.sink.snapshot_store import SnapshotStore, find_resumable, new_snapshot_id, now_iso, table_lease
 from pgpoll.sink.stores.filesystem import OutputFs, check_writable, needs_spark, open_output
@@ -70,6 +71,7 @@ class SnapshotOptions:
     wait_timeout_s: float = 600.0
     shared_snapshot_timeout_s: float = 3600.0
     dsn: str | None = None
+    pushgateway: str | None = None  # None: PGPOLL_PUSHGATEWAY (pgpoll.observe.runs)
 
 
 @dataclass
@@ -368,6 +370,20 @@ def _modes(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def run_snapshot(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | None = None,
                  show_progress: Callable[[str], None] | None = None) -> SnapshotSummary:
+    """:func:`take_snapshot`, recorded in the output's run history and pushed to a Pushgateway (failed runs too)."""
+    run = run_started("snapshot", output=opts.output, slot=opts.slot, pushgateway=opts.pushgateway)
+    try:
+        summary = take_snapshot(opts, spark, stop, show_progress)
+    except BaseException as error:
+        run_ended(run, error=error)
+        raise
+    run_ended(run, status=summary.status, exit_code=summary.exit_code, batches=summary.chunks_read,
+              changes=summary.rows, bytes_=summary.bytes)
+    return summary
+
+
+def take_snapshot(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | None = None,
+                  show_progress: Callable[[str], None] | None = None) -> SnapshotSummary:
     """Snapshot the captured tables into the output; returns the summary (status "interrupted" on a stop)."""
     from pgpoll.source.connection import resolve_dsn
     from pgpoll.source.control import ControlConnection
