@@ -188,7 +188,7 @@ def load_history(fs: OutputFs) -> History:
 
 def _fold_files(fs: OutputFs, files: dict[str, RunRecord], history: History, tag: str | None) -> None:
     """Fold ``files`` into the history with one compare-and-swap, then delete them (only if the swap won)."""
-    text = fold(history, list(files.values())).to_json()
+    text = fold(history, list(files.values()), keep=KEEP).to_json()
     path = fs.path(HISTORY)
     won = fs.create_exclusive(path, text) if tag is None else fs.swap(path, text, tag)
     if not won:  # another run folded first: its history holds these records or will on the next fold
