@@ -30,7 +30,8 @@ from prometheus_client.exposition import basic_auth_handler, default_handler
 from pgpoll.cli.exitcodes import SLOT_BUSY, exit_code_for
 from pgpoll.observe.metrics import output_label, registry_of, run_families
 from pgpoll.observe.run_history import History, RunRecord, record_run
-from pgpoll.sink.stores.filesystem import open_output
+from pgpoll.sink import layout
+from pgpoll.sink.stores.filesystem import needs_spark, open_output
 
 log = logging.getLogger("pgpoll.observe")
 
@@ -83,11 +84,24 @@ def run_ended(
 
 
 def _record(run: ObservedRun, record: RunRecord) -> History | None:
+    """Record the run; a failed run records only in an output that exists (a mistyped ``--output`` stays absent),
+    and its history's problems are only debug lines (the store that failed the run fails this too)."""
     try:
-        return record_run(open_output(run.output), record)
+        fs = open_output(run.output, _active_spark() if needs_spark(run.output) else None)
+        if not record.succeeded and not fs.exists(fs.path(layout.META)):
+            return None
+        return record_run(fs, record)
     except Exception as exc:  # (an unreachable store, a Hadoop-only output: the run's outcome stands)
-        log.warning("could not record the run in %s's history: %s", output_label(run.output), _message(exc))
+        level = logging.WARNING if record.succeeded else logging.DEBUG
+        log.log(level, "could not record the run in %s's history: %s", output_label(run.output), _message(exc))
         return None
+
+
+def _active_spark() -> Any:
+    """The run's SparkSession, for an output only Hadoop reaches (None: it never started one)."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
 
 
 def _message(exc: BaseException) -> str:
