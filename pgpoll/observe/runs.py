@@ -28,6 +28,7 @@ from prometheus_client import push_to_gateway, pushadd_to_gateway
 from prometheus_client.exposition import basic_auth_handler, default_handler
 
 from pgpoll.cli.exitcodes import SLOT_BUSY, exit_code_for
+from pgpoll.errors import SinkError
 from pgpoll.observe.metrics import output_label, registry_of, run_families
 from pgpoll.observe.run_history import History, RunRecord, record_run
 from pgpoll.sink import layout
@@ -77,7 +78,9 @@ def run_ended(
         exit_code=exit_code, slot=run.slot, batches=batches, changes=changes, bytes=bytes_, lag_bytes=lag_bytes,
         error=type(error).__name__ if error is not None else None,
     )
-    history = _record(run, record)
+    # a run the output failed (exit 5: unreachable, a wrong secret) is not recorded there: the store would fail
+    # the record too, after its patient retries, and hold the exit back
+    history = None if isinstance(error, SinkError) else _record(run, record)
     if run.pushgateway:
         push_run(run.pushgateway, record, history, output=run.output)
     return record

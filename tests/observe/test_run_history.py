@@ -13,6 +13,7 @@ import pytest
 from pgpoll.observe import run_history
 from pgpoll.observe.run_history import FOLD_AT, HISTORY, RUNS, History, RunRecord, fold, load_history, record_run
 from pgpoll.sink.stores.filesystem import open_output
+from pgpoll.testing.object_stores import StoreBucket
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -114,3 +115,13 @@ def test_a_record_keeps_no_error_text_and_reads_back_with_unknown_keys() -> None
     data = json.loads(record.to_json())
     assert RunRecord.from_json({**data, "added_later": 1}) == record
     assert not record.succeeded
+
+
+def test_the_history_folds_on_an_object_store_with_its_compare_and_swap(store_bucket: StoreBucket) -> None:
+    """S3 (SeaweedFS, moto) and Azure (Azurite): If-None-Match for the first fold, If-Match for the next ones."""
+    fs = open_output(store_bucket.url)
+    for n in range(2 * FOLD_AT + 1):
+        record_run(fs, rec(n))
+    assert [name for name, _d, _s in fs.list(fs.path(RUNS))] == [rec(2 * FOLD_AT).file_name()]
+    history = load_history(fs)
+    assert history.totals["ingest"].runs == 2 * FOLD_AT + 1 and len(history.records) == 2 * FOLD_AT + 1
