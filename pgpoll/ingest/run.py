@@ -261,7 +261,7 @@ def run_ingest(
     try:
         summary = drain(opts, spark, on_batch, stop, show_progress)
     except BaseException as error:
-        run_ended(run, error=error)
+        run_ended(run, error=error, stopped=stop.exit_code if stop is not None and stop.requested else None)
         raise
     run_ended(run, status=summary.status, exit_code=summary.exit_code, batches=summary.batches,
               changes=summary.changes, bytes_=summary.bytes, lag_bytes=summary.lag_bytes)

@@ -394,7 +394,7 @@ def run_materialize(
     try:
         states = (materializer or Materializer)(spark, opts, stop=stop).run()
     except BaseException as error:
-        run_ended(run, error=error)
+        run_ended(run, error=error, stopped=stop.exit_code if stop is not None and stop.requested else None)
         raise
     status, code = ("interrupted", stop.exit_code) if stop is not None and stop.requested else ("ok", 0)
     run_ended(run, status=status, exit_code=code, batches=sum(s.batches for s in states),

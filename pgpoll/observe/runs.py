@@ -62,13 +62,14 @@ def run_started(job: str, *, output: str, slot: str | None = None, pushgateway: 
 
 def run_ended(
     run: ObservedRun, *, status: str = "ok", exit_code: int = 0, error: BaseException | None = None,
-    batches: int = 0, changes: int = 0, bytes_: int = 0, lag_bytes: int | None = None,
+    stopped: int | None = None, batches: int = 0, changes: int = 0, bytes_: int = 0, lag_bytes: int | None = None,
 ) -> RunRecord:
     """Record the run in the output's history and push its metrics; never raises. ``error``: the run raised it
-    (its status and exit code then come from the error, as the CLI would map it)."""
+    (its status and exit code then come from the error, as the CLI would map it); ``stopped``: a signal's exit
+    code when a stop was requested (an error raised then is the signal cutting a step short: "interrupted")."""
     if error is not None:
-        if isinstance(error, KeyboardInterrupt):
-            status, exit_code = "interrupted", 130
+        if stopped is not None or isinstance(error, KeyboardInterrupt):
+            status, exit_code = "interrupted", stopped if stopped is not None else 130
         else:
             exit_code = exit_code_for(error)
             status = "busy" if exit_code == SLOT_BUSY else "error"

@@ -375,7 +375,7 @@ def run_snapshot(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | N
     try:
         summary = take_snapshot(opts, spark, stop, show_progress)
     except BaseException as error:
-        run_ended(run, error=error)
+        run_ended(run, error=error, stopped=stop.exit_code if stop is not None and stop.requested else None)
         raise
     run_ended(run, status=summary.status, exit_code=summary.exit_code, batches=summary.chunks_read,
               changes=summary.rows, bytes_=summary.bytes)
