@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
@@ -40,6 +41,7 @@ KEEP = 500
 """Records the folded history keeps (the newest); older ones only count in the totals."""
 
 OK = "ok"
+RECORD_NAME = re.compile(r"^\d{8}T\d{12}Z-[a-z]+-[^/]+\.json$")
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ def _read_unfolded(fs: OutputFs) -> dict[str, RunRecord]:
     """The record files not folded yet, by file name (a file that vanished under a concurrent fold is skipped)."""
     found: dict[str, RunRecord] = {}
     for name, is_dir, _size in sorted(fs.list(fs.path(RUNS))):
-        if is_dir or not name.endswith(".json"):
+        if is_dir or not RECORD_NAME.match(name):  # not a store's temporary file of a record being created
             continue
         try:
             found[name] = RunRecord.from_json(json.loads(fs.read_text(fs.path(RUNS, name))))

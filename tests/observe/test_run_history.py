@@ -95,7 +95,7 @@ def test_racing_runs_lose_no_record(tmp_path: Path) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert errors == []
+    assert errors == [], [repr(e) for e in errors]
     history = load_history(fs)
     assert history.totals["ingest"].runs == count
     assert sorted(r.run_id for r in history.records) == [f"r{n:05d}" for n in range(count)]
@@ -107,6 +107,7 @@ def test_a_file_left_by_a_fold_that_died_is_not_counted_twice(tmp_path: Path) ->
     fs.mkdirs(fs.path(RUNS))
     fs.create_exclusive(fs.path(HISTORY), folded.to_json())
     fs.create_exclusive(fs.path(RUNS, rec(2).file_name()), rec(2).to_json())  # the delete never happened
+    (tmp_path / RUNS / f"_tmp.1234.{rec(3).file_name()}").write_text(rec(3).to_json())  # a create in progress
     assert load_history(fs).totals["ingest"].runs == 2
 
 
