@@ -60,14 +60,15 @@ def test_each_run_is_a_file_until_enough_gather_then_one_fold(tmp_path: Path) ->
 
 
 def test_the_history_stays_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(run_history, "KEEP", 30)
+    monkeypatch.setattr(run_history, "KEEP", 12)
+    monkeypatch.setattr(run_history, "FOLD_AT", 5)
     fs = open_output(str(tmp_path))
-    for n in range(6 * FOLD_AT):
+    for n in range(30):
         record_run(fs, rec(n))
     folded = History.parse((tmp_path / HISTORY).read_text())
-    assert [r.run_id for r in folded.records] == [f"r{n:05d}" for n in range(6 * FOLD_AT - 30, 6 * FOLD_AT)]
-    assert folded.totals["ingest"].runs == 6 * FOLD_AT  # dropped records still count
-    assert folded.dropped == 6 * FOLD_AT - 30
+    assert [r.run_id for r in folded.records] == [f"r{n:05d}" for n in range(30 - 12, 30)]
+    assert folded.totals["ingest"].runs == 30  # dropped records still count
+    assert folded.dropped == 30 - 12
     assert list((tmp_path / RUNS).iterdir()) == []
 
 
@@ -118,11 +119,13 @@ def test_a_record_keeps_no_error_text_and_reads_back_with_unknown_keys() -> None
     assert not record.succeeded
 
 
-def test_the_history_folds_on_an_object_store_with_its_compare_and_swap(store_bucket: StoreBucket) -> None:
+def test_the_history_folds_on_an_object_store_with_its_compare_and_swap(store_bucket: StoreBucket,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """S3 (SeaweedFS, moto) and Azure (Azurite): If-None-Match for the first fold, If-Match for the next ones."""
+    monkeypatch.setattr(run_history, "FOLD_AT", 3)
     fs = open_output(store_bucket.url)
-    for n in range(2 * FOLD_AT + 1):
+    for n in range(7):
         record_run(fs, rec(n))
-    assert [name for name, _d, _s in fs.list(fs.path(RUNS))] == [rec(2 * FOLD_AT).file_name()]
+    assert [name for name, _d, _s in fs.list(fs.path(RUNS))] == [rec(6).file_name()]
     history = load_history(fs)
-    assert history.totals["ingest"].runs == 2 * FOLD_AT + 1 and len(history.records) == 2 * FOLD_AT + 1
+    assert history.totals["ingest"].runs == 7 and len(history.records) == 7
