@@ -7,7 +7,7 @@ import logging
 import click
 
 from pgpoll.cli.job_runner import run_job
-from pgpoll.cli.options import ByteSize, csv_values, dsn_option
+from pgpoll.cli.options import ByteSize, csv_values, dsn_option, pushgateway_option
 from pgpoll.cli.progress import Progress
 from pgpoll.ingest.batch_bounds import BATCH_WAL
 from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
@@ -38,10 +38,11 @@ from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
 @click.option("--row-filter", "row_filters", multiple=True, metavar="'SCHEMA.TABLE: (EXPR)'",
               help="test_decoding only: keep the changes a publication row filter would (repeatable; ORed per table).")
 @dsn_option
+@pushgateway_option
 def command(slot: str, output: str, plugin: str, publications: tuple[str, ...], tables: tuple[str, ...],
             exclude_tables: tuple[str, ...], max_changes: int | None, max_batches: int | None,
             max_seconds: float | None, batch_changes: int | None, batch_wal: int, typed_tables: bool,
-            row_filters: tuple[str, ...], dsn: str | None) -> None:
+            row_filters: tuple[str, ...], dsn: str | None, pushgateway: str | None) -> None:
     """Drain SLOT into Parquet under OUTPUT, advancing the slot only after each batch is committed.
 
     Prints one JSON line (the run summary) on stdout; logs go to stderr.
@@ -53,7 +54,7 @@ def command(slot: str, output: str, plugin: str, publications: tuple[str, ...], 
         slot=slot, output=output, plugin=plugin, publications=publications, tables=tables,
         exclude_tables=exclude_tables, max_changes=max_changes, max_batches=max_batches,
         max_seconds=max_seconds, batch_changes=batch_changes, batch_wal=batch_wal, typed_tables=typed_tables,
-        row_filters=row_filters, dsn=dsn,
+        row_filters=row_filters, dsn=dsn, pushgateway=pushgateway,
     )
     progress = Progress()
     run_job(

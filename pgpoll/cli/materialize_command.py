@@ -11,7 +11,7 @@ import click
 from pgpoll import stopping
 from pgpoll.cli import exitcodes
 from pgpoll.cli.boundary import report_error
-from pgpoll.cli.options import csv_values
+from pgpoll.cli.options import csv_values, pushgateway_option
 from pgpoll.materialize.delta.state import DeltaMaterializer
 from pgpoll.materialize.driver.run import requested_engine
 from pgpoll.materialize.iceberg.state import IcebergMaterializer
@@ -55,8 +55,9 @@ def summary_json(status: str, exit_code: int, states: list[TableState], seconds:
                    "default for a local DEST: a SQLite catalog in DEST/_catalog.db with DEST as the warehouse.")
 @click.option("--json", "as_json", is_flag=True, default=False,
               help="One JSON line per table, then a summary line (status, exit_code, tables, rows, seconds, format).")
+@pushgateway_option
 def command(output: str, tables: tuple[str, ...], exclude_tables: tuple[str, ...], dest: str | None, full: bool,
-            fmt: str, catalog: str | None, as_json: bool) -> None:
+            fmt: str, catalog: str | None, as_json: bool, pushgateway: str | None) -> None:
     """Write the current state of each captured table under DEST/<schema>.<table>/ (Parquet or Delta Lake), or as
     Iceberg tables in a catalog."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -64,7 +65,7 @@ def command(output: str, tables: tuple[str, ...], exclude_tables: tuple[str, ...
     if catalog and fmt != "iceberg":
         raise click.UsageError("--catalog applies to --format iceberg only")
     opts = MaterializeOptions(output=output, tables=tables, exclude_tables=exclude_tables, to=dest, full=full,
-                              catalog=catalog or None)
+                              catalog=catalog or None, pushgateway=pushgateway)
     started = time.monotonic()
     stop = StopRequest()
     restore = stopping.install(stop)

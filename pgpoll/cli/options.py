@@ -24,6 +24,19 @@ def dsn_option(func: F) -> F:
     )(func)
 
 
+def pushgateway_option(func: F) -> F:
+    """``--pushgateway URL`` (env ``PGPOLL_PUSHGATEWAY``): push the run's metrics there at its end."""
+    return click.option(
+        "--pushgateway",
+        envvar="PGPOLL_PUSHGATEWAY",
+        show_envvar=True,
+        default=None,
+        metavar="URL",
+        help="Push the run's metrics to this Prometheus Pushgateway at its end (failed runs too; a push that fails "
+             "is a warning, not a failure). Grouped by job, slot and output.",
+    )(func)
+
+
 def target(dsn: str | None) -> ConnectionTarget:
     """Resolve the connection target from the option value."""
     return resolve_dsn(dsn)

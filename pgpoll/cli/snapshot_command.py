@@ -8,7 +8,7 @@ import re
 import click
 
 from pgpoll.cli.job_runner import run_job
-from pgpoll.cli.options import csv_values, dsn_option
+from pgpoll.cli.options import csv_values, dsn_option, pushgateway_option
 from pgpoll.cli.progress import Progress
 from pgpoll.snapshot.run import SnapshotOptions, SnapshotSummary, run_snapshot
 
@@ -53,11 +53,12 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
               help="Longest a table read under one shared snapshot may hold it (it holds back vacuum meanwhile).")
 @click.option("--json", "as_json", is_flag=True, help="No progress line on a terminal (the summary is JSON anyway).")
 @dsn_option
+@pushgateway_option
 def command(slot: str, output: str, publications: tuple[str, ...], tables: tuple[str, ...],
             exclude_tables: tuple[str, ...], row_filters: tuple[str, ...], chunk_rows: int, chunk_seconds: float,
             mode: str, parallelism: int | None,
             lock_timeout_s: float, wait_timeout_s: float, shared_snapshot_timeout_s: float, as_json: bool,
-            dsn: str | None) -> None:
+            dsn: str | None, pushgateway: str | None) -> None:
     """Read the current rows of the captured tables into OUTPUT/snapshots/<id>/ (the typed tables' form).
 
     Rerun with the same arguments after an interruption: only the missing
@@ -70,6 +71,7 @@ def command(slot: str, output: str, publications: tuple[str, ...], tables: tuple
         row_filters=row_filters, chunk_rows=chunk_rows, chunk_seconds=chunk_seconds, mode=mode,
         parallelism=parallelism, lock_timeout_s=lock_timeout_s,
         wait_timeout_s=wait_timeout_s, shared_snapshot_timeout_s=shared_snapshot_timeout_s, dsn=dsn,
+        pushgateway=pushgateway,
     )
     progress = Progress()
     if as_json:

@@ -1,6 +1,7 @@
 """``pgpoll status``: lag in bytes and in time, WAL status and the output's position, for people and monitors.
 
-Exit codes: 0 all well; 4 when a slot is lost (``wal_status = lost``); 7
+``--format prometheus`` prints the same numbers as Prometheus gauges
+(:mod:`pgpoll.observe.status_metrics`). Exit codes: 0 all well; 4 when a slot is lost (``wal_status = lost``); 7
 when a slot's lag is above ``--max-lag-bytes``. The report is printed first
 in every case, so a monitor gets the numbers with the verdict.
 """
@@ -15,6 +16,7 @@ from pgpoll.cli import exitcodes
 from pgpoll.cli.options import dsn_option, json_option, target
 from pgpoll.cli.output import echo_json, echo_table
 from pgpoll.errors import SlotInvalidatedError
+from pgpoll.observe.status_metrics import status_text
 from pgpoll.source.names import check_slot_name
 from pgpoll.status import StatusReport, collect_status
 
@@ -63,19 +65,28 @@ def _print_table(report: StatusReport, with_output: bool) -> None:
               help="Report only this slot (default: every logical slot of the database).")
 @click.option("--max-lag-bytes", type=click.IntRange(min=0), default=None, metavar="N",
               help=f"Exit {exitcodes.STATUS_ALERT} when a slot's lag in bytes is above N.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "prometheus"]), default="table", show_default=True,
+              help="table: for people; json: one object per slot (as --json); prometheus: the slot and output gauges "
+                   "in Prometheus's text format, for node_exporter's textfile collector.")
 @json_option
 @dsn_option
-def command(output: str | None, slot: str | None, max_lag_bytes: int | None, as_json: bool, dsn: str | None) -> None:
+def command(output: str | None, slot: str | None, max_lag_bytes: int | None, fmt: str, as_json: bool,
+            dsn: str | None) -> None:
     """Show each slot's lag (bytes and time), WAL status, safe WAL size, active PID and, with --output,
     its position against the output.
 
     Exits 4 when a slot is lost and 7 when a lag is above --max-lag-bytes,
     after printing the report. Nothing is consumed, locked or started.
     """
+    if as_json and fmt not in ("table", "json"):
+        raise click.UsageError(f"--json and --format {fmt} say different things: give one")
+    fmt = "json" if as_json else fmt
     report = collect_status(target(dsn), slot=slot, output=output, max_lag_bytes=max_lag_bytes)
-    if as_json:
+    if fmt == "json":
         for status in report.slots:
             echo_json(status.as_json())
+    elif fmt == "prometheus":
+        click.echo(status_text(report), nl=False)
     else:
         _print_table(report, output is not None)
     for note in report.notes:

@@ -46,6 +46,7 @@ from pgpoll.ingest.progress_channel import BatchProgressLog, ProgressListener
 from pgpoll.ingest.task import BatchSpec
 from pgpoll.lsn import Lsn
 from pgpoll.observe.lineage import observed
+from pgpoll.observe.runs import run_ended, run_started
 from pgpoll.sink import layout
 from pgpoll.sink.commit.batches import BatchSink
 from pgpoll.sink.commit.lease import Lease, LeaseKeeper
@@ -84,6 +85,7 @@ class IngestOptions:
     typed_tables: bool = False
     row_filters: tuple[str, ...] = ()
     dsn: str | None = None
+    pushgateway: str | None = None  # None: PGPOLL_PUSHGATEWAY (pgpoll.observe.runs)
 
 
 @dataclass
@@ -250,6 +252,25 @@ class _SparkOnDemand:
 
 @observed("ingest")  # OpenLineage START, then COMPLETE/FAIL/ABORT (when configured)
 def run_ingest(
+    opts: IngestOptions,
+    spark: Any = None,
+    on_batch: Callable[[RunSummary], None] | None = None,
+    stop: StopRequest | None = None,
+    show_progress: Callable[[str], None] | None = None,
+) -> RunSummary:
+    """:func:`drain`, recorded in the output's run history and pushed to a Pushgateway (failed runs too)."""
+    run = run_started("ingest", output=opts.output, slot=opts.slot, pushgateway=opts.pushgateway)
+    try:
+        summary = drain(opts, spark, on_batch, stop, show_progress)
+    except BaseException as error:
+        run_ended(run, error=error, stopped=stop.exit_code if stop is not None and stop.requested else None)
+        raise
+    run_ended(run, status=summary.status, exit_code=summary.exit_code, batches=summary.batches,
+              changes=summary.changes, bytes_=summary.bytes, lag_bytes=summary.lag_bytes)
+    return summary
+
+
+def drain(
     opts: IngestOptions,
     spark: Any = None,
     on_batch: Callable[[RunSummary], None] | None = None,

@@ -64,6 +64,7 @@ from pgpoll.materialize.state_log import STATE_FILE as STATE_FILE  # (imported f
 from pgpoll.materialize.table_pool import run_in_order
 from pgpoll.materialize.visibility import SnapshotFilter
 from pgpoll.observe.lineage import observed
+from pgpoll.observe.runs import run_ended, run_started
 from pgpoll.sink import layout
 from pgpoll.sink.commit.log import CommitLog, CommitRecord
 from pgpoll.sink.stores.filesystem import check_readable, check_writable, needs_spark, open_output
@@ -391,5 +392,13 @@ def run_materialize(
     """Materialize the typed tables of ``opts.output``; see :class:`Materializer` (or ``materializer``,
     e.g. :class:`pgpoll.materialize.delta.state.DeltaMaterializer`). Without ``spark``, one is started only
     when a table needs a Spark job."""
-    job = (materializer or Materializer)(spark, opts, stop=stop)
-    return job.run()
+    run = run_started("materialize", output=opts.output, pushgateway=opts.pushgateway)
+    try:
+        states = (materializer or Materializer)(spark, opts, stop=stop).run()
+    except BaseException as error:
+        run_ended(run, error=error, stopped=stop.exit_code if stop is not None and stop.requested else None)
+        raise
+    status, code = ("interrupted", stop.exit_code) if stop is not None and stop.requested else ("ok", 0)
+    run_ended(run, status=status, exit_code=code, batches=sum(s.batches for s in states),
+              changes=sum(s.rows for s in states))
+    return states

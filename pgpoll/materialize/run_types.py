@@ -21,6 +21,7 @@ class MaterializeOptions:
     to: str | None = None
     full: bool = False
     catalog: str | None = None  # --format iceberg: the pyiceberg catalog's name (pgpoll.materialize.iceberg.catalog)
+    pushgateway: str | None = None  # None: PGPOLL_PUSHGATEWAY (pgpoll.observe.runs)
 
 
 @dataclass

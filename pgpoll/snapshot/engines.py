@@ -23,15 +23,20 @@ one cut short leaves nothing a reader or the next run takes for finished).
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from pgpoll import stopping
 from pgpoll.errors import ConfigError, PgpollError, SinkError, first_line
 from pgpoll.snapshot.chunk_task import ChunkResult, ChunkWork, run_chunks
 from pgpoll.stopping import StopRequest
+
+Runner = Callable[[Sequence[ChunkWork], int, "StopRequest | None"], list[ChunkResult]]
+"""Runs chunk works with a parallelism and returns their results (the first chunk error raised)."""
 
 ENGINE_ENV = "PGPOLL_SNAPSHOT_ENGINE"
 ENGINES = ("auto", "driver", "spark")
@@ -55,6 +60,50 @@ def in_driver(engine: str, *, driver_reaches_output: bool, local_master: bool) -
                               "gs://, az://)", f"unset {ENGINE_ENV} for this output")
         return True
     return engine == "auto" and driver_reaches_output and local_master
+
+
+def run_as_spark_job(spark: Any, works: Sequence[ChunkWork], parallelism: int, stop: StopRequest | None) -> list[ChunkResult]:
+    """One Spark job over ``works``; the first task error is raised (finished chunks stay published)."""
+    if not works:
+        return []
+    sc = spark.sparkContext
+    job = sc.parallelize(list(works), numSlices=max(1, min(parallelism, len(works)))).mapPartitions(run_chunks)
+    forget = stop.on_request(lambda: _cancel(spark)) if stop is not None else (lambda: None)
+    try:
+        results: list[ChunkResult] = job.collect()
+    except Exception as exc:
+        if stop is not None and stop.requested:
+            raise stopping.StopRequestedError() from None
+        raise SinkError(f"a snapshot task failed: {first_line(exc)}", "check the Spark executor logs; rerun to resume") from None
+    finally:
+        forget()
+    for result in results:
+        if result.error is not None:
+            raise result.error
+    return results
+
+
+def _cancel(spark: Any) -> None:
+    from pgpoll.spark.session import debug_requested
+
+    if not debug_requested():
+        spark.sparkContext.setLogLevel("OFF")  # Spark's log of its own cancellation is noise here
+    spark.sparkContext.cancelAllJobs()
+
+
+def choose_runner(spark: Any, output: str, stop: StopRequest | None) -> tuple[Runner, int]:
+    """How this run's chunks run (the module's docstring), and its default parallelism; starts Spark if needed."""
+    from pgpoll.sink.stores.filesystem import needs_spark
+    from pgpoll.spark.session import local_master_expected
+
+    if in_driver(requested_engine(), driver_reaches_output=not needs_spark(output),
+                 local_master=local_master_expected(spark)):
+        return run_in_driver, os.cpu_count() or 1
+    from pgpoll.spark.session import spark_session
+
+    spark = spark or spark_session("pgpoll-snapshot")
+    stopping.reclaim(stop)  # SparkContext replaced the SIGINT handler with its own
+    return functools.partial(run_as_spark_job, spark), int(spark.sparkContext.defaultParallelism)
 
 
 def run_in_driver(works: Sequence[ChunkWork], parallelism: int, stop: StopRequest | None) -> list[ChunkResult]:

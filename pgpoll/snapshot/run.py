@@ -33,14 +33,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pgpoll import stopping
-from pgpoll.errors import ConfigError, PgpollError, SinkError, TableRewrittenError, first_line
+from pgpoll.errors import ConfigError, PgpollError, SinkError, TableRewrittenError
 from pgpoll.observe.lineage import observed
+from pgpoll.observe.runs import run_ended, run_started
 from pgpoll.sink.commit.lease import Lease
 from pgpoll.sink.snapshot_store import SnapshotStore, find_resumable, new_snapshot_id, now_iso, table_lease
 from pgpoll.sink.stores.filesystem import OutputFs, check_writable, needs_spark, open_output
 from pgpoll.snapshot import planning, recheck
-from pgpoll.snapshot.chunk_task import PAUSE_ENV, ChunkResult, ChunkWork, run_chunks
-from pgpoll.snapshot.engines import in_driver, requested_engine, run_in_driver
+from pgpoll.snapshot.chunk_task import PAUSE_ENV, ChunkWork
+from pgpoll.snapshot.engines import Runner, choose_runner, run_in_driver
 from pgpoll.snapshot.progress import Watcher
 from pgpoll.stopping import StopRequest
 
@@ -72,6 +73,7 @@ class SnapshotOptions:
     wait_timeout_s: float = 600.0
     shared_snapshot_timeout_s: float = 3600.0
     dsn: str | None = None
+    pushgateway: str | None = None  # None: PGPOLL_PUSHGATEWAY (pgpoll.observe.runs)
 
 
 @dataclass
@@ -218,35 +220,6 @@ def _plan_or_resume(control: ControlConnection, fs: OutputFs, opts: SnapshotOpti
     return store, plan
 
 
-def _run_job(spark: Any, works: Sequence[ChunkWork], parallelism: int, stop: StopRequest | None) -> list[ChunkResult]:
-    """One Spark job over ``works``; the first task error is raised (finished chunks stay published)."""
-    if not works:
-        return []
-    sc = spark.sparkContext
-    job = sc.parallelize(list(works), numSlices=max(1, min(parallelism, len(works)))).mapPartitions(run_chunks)
-    forget = stop.on_request(lambda: _cancel(spark)) if stop is not None else (lambda: None)
-    try:
-        results: list[ChunkResult] = job.collect()
-    except Exception as exc:
-        if stop is not None and stop.requested:
-            raise stopping.StopRequestedError() from None
-        raise SinkError(f"a snapshot task failed: {first_line(exc)}", "check the Spark executor logs; rerun to resume") from None
-    finally:
-        forget()
-    for result in results:
-        if result.error is not None:
-            raise result.error
-    return results
-
-
-def _cancel(spark: Any) -> None:
-    from pgpoll.spark.session import debug_requested
-
-    if not debug_requested():
-        spark.sparkContext.setLogLevel("OFF")  # Spark's log of its own cancellation is noise here
-    spark.sparkContext.cancelAllJobs()
-
-
 def _work(store: SnapshotStore, t: SnapshotTable, opts: SnapshotOptions, dsn: str, entry: dict[str, Any],
           spec: dict[str, Any], **more: Any) -> ChunkWork:
     from pgpoll.source.arrow_peek import requested_fetch
@@ -276,9 +249,6 @@ def _recheck_works(store: SnapshotStore, by_name: dict[tuple[str, str], Snapshot
     t = by_name[(entry["schema"], entry["table"])]
     since = recheck.since(done)
     return [_work(store, t, opts, dsn, entry, c, recheck_since=since) for c in specs if int(c["n"]) not in done]
-
-
-Runner = Callable[[Sequence[ChunkWork], int, "StopRequest | None"], list[ChunkResult]]
 
 
 def _read_chunks(run: Runner, default: int, store: SnapshotStore, plan: dict[str, Any], tables: Sequence[SnapshotTable],
@@ -373,23 +343,23 @@ def _modes(plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
             for e in plan["tables"]}
 
 
-def _runner(spark: Any, opts: SnapshotOptions, stop: StopRequest | None) -> tuple[Runner, int]:
-    """How this run's chunks run, and its default parallelism (:mod:`pgpoll.snapshot.engines`)."""
-    from pgpoll.spark.session import local_master_expected
-
-    if in_driver(requested_engine(), driver_reaches_output=not needs_spark(opts.output),
-                 local_master=local_master_expected(spark)):
-        return run_in_driver, os.cpu_count() or 1
-    from pgpoll.spark.session import spark_session
-
-    spark = spark or spark_session("pgpoll-snapshot")
-    stopping.reclaim(stop)  # SparkContext replaced the SIGINT handler with its own
-    return functools.partial(_run_job, spark), int(spark.sparkContext.defaultParallelism)
-
-
 @observed("snapshot")  # OpenLineage START, then COMPLETE/FAIL/ABORT (when configured)
 def run_snapshot(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | None = None,
                  show_progress: Callable[[str], None] | None = None) -> SnapshotSummary:
+    """:func:`take_snapshot`, recorded in the output's run history and pushed to a Pushgateway (failed runs too)."""
+    run = run_started("snapshot", output=opts.output, slot=opts.slot, pushgateway=opts.pushgateway)
+    try:
+        summary = take_snapshot(opts, spark, stop, show_progress)
+    except BaseException as error:
+        run_ended(run, error=error, stopped=stop.exit_code if stop is not None and stop.requested else None)
+        raise
+    run_ended(run, status=summary.status, exit_code=summary.exit_code, batches=summary.chunks_read,
+              changes=summary.rows, bytes_=summary.bytes)
+    return summary
+
+
+def take_snapshot(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | None = None,
+                  show_progress: Callable[[str], None] | None = None) -> SnapshotSummary:
     """Snapshot the captured tables into the output; returns the summary (status "interrupted" on a stop)."""
     from pgpoll.source.connection import resolve_dsn
     from pgpoll.source.control import ControlConnection
@@ -419,7 +389,7 @@ def run_snapshot(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | N
                           pieces=sum(len(recheck.recheck_specs(e)) for e in plan["tables"]))
         watcher.start()
         if stop is None or not stop.requested:
-            run, default = _runner(spark, opts, stop)
+            run, default = choose_runner(spark, opts.output, stop)
             summary.engine = "spark" if run is not run_in_driver else "driver"
             with contextlib.suppress(stopping.StopRequestedError):  # stopped: reported below
                 summary.chunks_read = _read_chunks(run, default, store, plan, tables, opts, target.dsn, stop, summary)

@@ -23,6 +23,10 @@ Fixtures
 ``store_kind``  ``"seaweedfs"``, ``"moto"`` and ``"azurite"``: a test using ``store_bucket`` runs
                 against each (ids the same); Azurite skips, saying why, where it is not installed.
 ``store_bucket`` an empty prefix in the ``store_kind`` store, its variables set like ``s3_bucket``'s.
+``monitoring``  a real Pushgateway and a real Prometheus scraping it every second, on loopback, started once per
+                session (:class:`pgpoll.testing.prometheus.Monitoring`), loading the rule files the
+                ``prometheus_rule_files`` fixture names (none unless a conftest overrides it); skips,
+                saying why, where the binaries are not installed.
 
 Versions: ``PGPOLL_TEST_PG=15,16,17,18`` (default: 15 when installed, else the
 newest found). Servers start lazily, once per session, and are stopped at the
@@ -38,6 +42,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg2
@@ -46,6 +51,8 @@ import pytest
 from pgpoll.testing.cluster import Installation, ThrowawayCluster, find_bindirs
 from pgpoll.testing.object_stores import Azurite, MotoServer, SeaweedFs, StoreBucket, find_azurite
 from pgpoll.testing.pgbouncer import POOL_MODES, PgBouncer, find_pgbouncer
+from pgpoll.testing.prometheus import Monitoring
+from pgpoll.testing.prometheus import missing as missing_monitoring
 
 # No autovacuum in the session's servers: tests assert exact transactions, boundaries and slot positions, and an
 # autoanalyze commits a transaction of the server's own at a random moment (test_decoding prints it, empty), which
@@ -396,3 +403,23 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 def store_bucket(store_kind: str, monkeypatch: pytest.MonkeyPatch) -> StoreBucket:
     """An empty prefix in the ``store_kind`` store, its variables set for the test."""
     return _bucket_in_env(store_server(store_kind).bucket(), monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def prometheus_rule_files() -> tuple[Path, ...]:
+    """The rule files the session's Prometheus loads (override in a conftest)."""
+    return ()
+
+
+@pytest.fixture(scope="session")
+def monitoring(prometheus_rule_files: tuple[Path, ...]) -> Iterator[Monitoring]:
+    """A Pushgateway and a Prometheus on loopback for the session (skips where they are not installed)."""
+    absent = missing_monitoring()
+    if absent:
+        pytest.skip(f"not installed: {', '.join(absent)} (Debian: apt-get install prometheus prometheus-pushgateway; "
+                    ".ci/run installs them)")
+    stack = Monitoring(rule_files=prometheus_rule_files).start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
