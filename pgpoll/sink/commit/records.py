@@ -64,7 +64,10 @@ class CommitRecord:
     from; ``first_commit_ts``/``last_commit_ts`` the commit times of the oldest
     and newest change written (ISO 8601, UTC); ``xid_min``/``xid_max`` the
     batch's full 64-bit transaction ids (None when unknown); ``table_stats``
-    per-table figures for later use; ``name`` is the file name (not stored).
+    per-table figures for later use; ``server`` the source server's
+    ``system_identifier`` and ``timeline`` when the batch was read (None in
+    records of older versions: :mod:`pgpoll.source.slot_gap` compares them);
+    ``name`` is the file name (not stored).
     """
 
     start: str
@@ -94,6 +97,7 @@ class CommitRecord:
     publications: list[str] = field(default_factory=list)
     in_place: bool = False
     """The files were written at their final place before the record (object stores): nothing to move."""
+    server: dict[str, Any] | None = None
     name: str = field(default="", compare=False)
 
     @property
