@@ -51,6 +51,7 @@ def _register() -> None:
         ingest_command,
         materialize_command,
         publication_commands,
+        resync_command,
         slot_commands,
         snapshot_command,
         status_command,
@@ -65,6 +66,7 @@ def _register() -> None:
     cli.add_command(status_command.command)
     cli.add_command(batches_command.command)
     cli.add_command(snapshot_command.command)
+    cli.add_command(resync_command.command)
     _add_verbose(cli)
 
 

@@ -50,6 +50,7 @@ from pgpoll.materialize.snapshot_merge import (
     RESNAPSHOT_FIX,
     added_columns_warning,
     base_frame,
+    check_gap,
     converged,
     predates_warning,
     recheck_rows,
@@ -140,6 +141,7 @@ class Materializer(ParquetState):
         self.filter = TablePatterns(opts.tables, opts.exclude_tables)
         self.snapshots = SnapshotCatalog(self.fs)
         self.high_water: Lsn | None = None
+        self.gap: CommitRecord | None = None
         self.rebuilt: set[str] = set()  # tables rebuilt on a newer snapshot (a state at the same position is replaced)
         self.pins: dict[str, int] = {}  # the state record each table's run builds on (pgpoll.materialize.state_log)
         self.summaries: dict[str, ChangeSummary] = {}  # per table: what one pass over its new changes found
@@ -191,6 +193,7 @@ class Materializer(ParquetState):
                             "run pgpoll ingest --typed-tables --output PATH first, or check the path")
         records = CommitLog(self.fs).records() if has_log else []
         self.high_water = max((r.end_lsn for r in records), default=None)
+        self.gap = next((r for r in reversed(records) if r.is_gap), None)  # the newest gap `pgpoll resync` marked
         names = sorted({t for r in records for t in r.tables} | snapshotted)
         if not names:
             raise SinkError(f"{self.opts.output} has no typed tables",
@@ -218,6 +221,9 @@ class Materializer(ParquetState):
         qualified = f"{parsed[0]}.{parsed[1]}"
         target = self.dest.path(name)
         snap = self.snapshots.latest(*parsed)
+        if self.gap is not None:  # built only on a snapshot planned after the gap, from the records after it
+            check_gap(self.gap, snap, qualified, self.opts.output)
+            records = [r for r in records if r.seq > self.gap.seq]
         marker = self._read_marker(name)
         if snap is not None and (marker is None or marker.get("snapshot_id") != snap.snapshot_id
                                  or marker.get("snapshot_rechecks_pending")):
