@@ -3,7 +3,7 @@
 The changes written while the slot was gone (inserts, updates and deletes)
 are in no batch; after ``resync`` the materialized state must equal
 ``SELECT *`` anyway, at the same path, and until the snapshot after the gap
-is complete ``materialize`` refuses the table rather than build it without them.
+is complete ``materialize`` refuses the table rather than build it without them. Parquet and Delta states.
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from click.testing import CliRunner
+from deltalake import DeltaTable
 
 from pgpoll.cli.main import cli
+from pgpoll.reader import gaps
 from pgpoll.sink.commit.log import CommitLog
+from pgpoll.sink.layout import table_dir_name
 from pgpoll.sink.stores.filesystem import open_output
 from pgpoll.snapshot.resync import mark_gap
 from pgpoll.source.connection import resolve_dsn
@@ -45,6 +48,11 @@ def test_resync_after_a_recreated_slot_brings_the_state_equal_to_the_source(
     assert ingest(db.dsn, *cap.args("--typed-tables")).exit_code == 0
     code, _, err = materialize(cap.output)
     assert code == 0, err
+    delta = str(tmp_path / "delta")
+    code, _, err = materialize(cap.output, "--format", "delta", "--to", delta)
+    assert code == 0, err
+    delta_table = Path(delta) / table_dir_name("public", "items")
+    before = DeltaTable(str(delta_table)).version()
 
     db.execute("SELECT pg_drop_replication_slot(%s)", (cap.slot,))  # the gap: in no batch, ever
     db.execute("DELETE FROM items WHERE id <= 5")
@@ -70,6 +78,9 @@ def test_resync_after_a_recreated_slot_brings_the_state_equal_to_the_source(
     code, _, err = materialize(cap.output)
     assert code == 2 and "public.items: the output lacks the changes in" in err and "pgpoll resync" in err, err
 
+    assert gaps(cap.output) == [{"seq": gap.seq, "after": gap.start, "through": gap.resume}]
+    listed = CliRunner().invoke(cli, ["batches", "--output", cap.output, "--json"])
+    assert [json.loads(line) for line in listed.stdout.splitlines()][-1]["totals"]["gaps"] == 1
     code, summary, err = _resync(cap)  # finds the gap marked, takes the snapshot
     assert code == 0 and summary["marked"] is False and summary["gap"]["seq"] == gap.seq, err
     assert summary["snapshot"]["status"] == "ok" and summary["snapshot"]["tables"] == 1
@@ -84,3 +95,8 @@ def test_resync_after_a_recreated_slot_brings_the_state_equal_to_the_source(
     got = sorted(state_rows(spark, cap.output, "public", "items"), key=lambda r: r["id"])
     assert got == _source(cap)
     assert {r["id"] for r in got}.isdisjoint(range(1, 6)) and got[0]["v"] == "gap" and {31, 35} <= {r["id"] for r in got}
+    code, _, err = materialize(cap.output, "--format", "delta", "--to", delta)  # the same Delta table, a new version
+    assert code == 0, err
+    table = DeltaTable(str(delta_table))
+    assert table.version() > before
+    assert sorted(table.to_pyarrow_table(columns=["id", "v"]).to_pylist(), key=lambda r: r["id"]) == _source(cap)
