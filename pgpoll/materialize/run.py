@@ -50,8 +50,8 @@ from pgpoll.materialize.snapshot_merge import (
     RESNAPSHOT_FIX,
     added_columns_warning,
     base_frame,
-    check_gap,
     converged,
+    gap_refusal,
     predates_warning,
     recheck_rows,
     resnapshot_command,
@@ -206,6 +206,11 @@ class Materializer(ParquetState):
             if is_dir and SCRATCH in name and stale_scratch(self.dest, name):
                 self.dest.delete(self.dest.path(name))
         selected = [(n, p) for n in names if (p := layout.parse_table_dir_name(n)) is not None and self.filter.accepts(*p)]
+        if self.gap is not None:  # every table refused across the gap is named before any state is written
+            refused = [e for _n, p in selected if (e := gap_refusal(self.gap, self.snapshots.latest(*p),
+                                                                    f"{p[0]}.{p[1]}", self.opts.output))]
+            if refused:
+                raise ConfigError(" ".join(e.message for e in refused), refused[0].hint)
         try:  # a few tables at once, results and errors as one by one (pgpoll.materialize.table_pool)
             return run_in_order([functools.partial(self._one_table, n, p, records) for n, p in selected])
         finally:
@@ -221,8 +226,7 @@ class Materializer(ParquetState):
         qualified = f"{parsed[0]}.{parsed[1]}"
         target = self.dest.path(name)
         snap = self.snapshots.latest(*parsed)
-        if self.gap is not None:  # built only on a snapshot planned after the gap, from the records after it
-            check_gap(self.gap, snap, qualified, self.opts.output)
+        if self.gap is not None:  # built on the snapshot planned after the gap (checked above), from the records after it
             records = [r for r in records if r.seq > self.gap.seq]
         marker = self._read_marker(name)
         if snap is not None and (marker is None or marker.get("snapshot_id") != snap.snapshot_id

@@ -22,7 +22,7 @@ snapshot already holds; this module prepares what that needs from the run:
   (a table without a snapshot whose changes show it held rows before the slot)
   and :func:`added_columns_warning` (columns added after rows were read, whose
   default PostgreSQL never sends as changes): only a snapshot fixes those;
-* :func:`check_gap`: a table is built across a gap that ``pgpoll resync``
+* :func:`gap_refusal`: a table is built across a gap that ``pgpoll resync``
   marked only on a snapshot planned after the gap (the gap's changes are in
   no batch: only such a snapshot holds their effect).
 """
@@ -51,8 +51,8 @@ def resnapshot_command(qualified: str) -> str:
     return f"`pgpoll snapshot --tables {qualified}`"
 
 
-def check_gap(gap: CommitRecord, snap: TableSnapshot | None, qualified: str, output: str) -> None:
-    """Refuse (exit 2) to build ``qualified`` across ``gap`` without a complete snapshot planned after it.
+def gap_refusal(gap: CommitRecord, snap: TableSnapshot | None, qualified: str, output: str) -> ConfigError | None:
+    """The refusal (exit 2) to build ``qualified`` across ``gap`` without a complete snapshot planned after it.
 
     Such a snapshot was read after the slot's new position (``resume``), so it
     holds the effect of every change the gap lacks, and the records after the
@@ -60,9 +60,9 @@ def check_gap(gap: CommitRecord, snap: TableSnapshot | None, qualified: str, out
     """
     resume = Lsn.parse(gap.resume) if gap.resume is not None else gap.end_lsn
     if snap is not None and snap.plan_lsn >= int(resume):
-        return
+        return None
     have = f"its newest complete snapshot {snap.snapshot_id} is older" if snap is not None else "it has no complete snapshot"
-    raise ConfigError(
+    return ConfigError(
         f"{qualified}: the output lacks the changes in ({gap.start}, {resume}] (the gap marked at commit-log record "
         f"{gap.seq}) and {have}: a state built across the gap would miss them",
         f"finish `pgpoll resync --slot {gap.slot} --output {output}` (or run {resnapshot_command(qualified)}), "
