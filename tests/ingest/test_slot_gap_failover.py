@@ -8,7 +8,8 @@ timeline 1 at the standby's end of WAL, below the output's high-water mark.
 A slot created on the new primary is behind the mark, where a re-advance
 would silently skip the new primary's transactions. ``ingest`` and ``check``
 must refuse it, naming the range; without the privilege to read the timeline
-history they refuse too, naming the grant.
+history they refuse too, naming the grant; ``resync`` refuses (a gap marker cannot take back changes the
+server never had).
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from pgpoll.cli import exitcodes
+from pgpoll.cli.main import cli
 from pgpoll.lsn import Lsn
+from pgpoll.sink.commit.log import CommitLog
+from pgpoll.sink.stores.filesystem import open_output
 from pgpoll.source.connection import connect, resolve_dsn
 from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs, wait_until
 from tests.ingest.conftest import ingest
@@ -84,6 +89,10 @@ def test_a_slot_on_a_timeline_that_left_before_the_mark_is_refused(promoted: tup
         in refused.stderr
     assert "fix: run `pgpoll resync" in refused.stderr
     assert _sql(server.dsn(), "SELECT confirmed_flush_lsn::text FROM pg_replication_slots")[0][0] == confirmed
+    resync = CliRunner().invoke(cli, ["resync", "--slot", "s", "--output", output, "--json"],
+                                env={"PGPOLL_DSN": server.dsn()})
+    assert resync.exit_code == 4 and "cannot take back changes the server never had" in resync.stderr, resync.output
+    assert CommitLog(open_output(output)).state().head == 1  # no gap marked: a marker cannot fix this case
 
     _sql(server.dsn(), "CREATE ROLE watcher LOGIN REPLICATION PASSWORD 'w'")
     role_dsn = server.dsn(user="watcher", password="w")

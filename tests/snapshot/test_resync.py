@@ -3,12 +3,18 @@
 The changes written while the slot was gone (inserts, updates and deletes)
 are in no batch; after ``resync`` the materialized state must equal
 ``SELECT *`` anyway, at the same path, and until the snapshot after the gap
-is complete ``materialize`` refuses the table rather than build it without them. Parquet and Delta states.
+is complete ``materialize`` refuses the table rather than build it without them. Parquet and Delta states;
+a resync killed (SIGKILL) in its snapshot leaves the gap marked, and its rerun resumes.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +23,10 @@ from deltalake import DeltaTable
 
 from pgpoll.cli.main import cli
 from pgpoll.reader import gaps
-from pgpoll.sink.commit.log import CommitLog
+from pgpoll.sink.commit.log import CommitLog, CommitRecord
 from pgpoll.sink.layout import table_dir_name
 from pgpoll.sink.stores.filesystem import open_output
-from pgpoll.snapshot.resync import mark_gap
-from pgpoll.source.connection import resolve_dsn
-from pgpoll.source.control import ControlConnection
+from pgpoll.snapshot.chunk_task import PAUSE_ENV
 from tests.ingest.conftest import Capture, ingest, make_capture
 from tests.materialize.conftest import materialize, state_rows
 
@@ -34,6 +38,28 @@ def _resync(cap: Capture) -> tuple[int, dict[str, Any], str]:
         raise result.exception
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     return result.exit_code, lines[-1], result.stderr
+
+
+def _killed_after_marking(cap: Capture, gate: Path) -> CommitRecord:
+    """``pgpoll resync`` in its own process, SIGKILLed while its snapshot's chunk waits (PAUSE_ENV: tests only)."""
+    gate.mkdir()
+    env = dict(os.environ, PGPOLL_DSN=cap.db.dsn, PYSPARK_PYTHON=sys.executable, **{PAUSE_ENV: str(gate)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgpoll", "resync", "--slot", cap.slot, "--output", cap.output, "--publication",
+         "pub_items", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(Path(cap.output).glob("_pgpoll/snapshots/*/plan.json")):  # checkout-paths: data
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    gap = next((r for r in reversed(CommitLog(open_output(cap.output)).records()) if r.is_gap), None)
+    assert gap is not None and not list(Path(cap.output).glob("_pgpoll/snapshots/*/complete.json"))
+    return gap
 
 
 def _source(cap: Capture) -> list[dict[str, Any]]:
@@ -63,15 +89,10 @@ def test_resync_after_a_recreated_slot_brings_the_state_equal_to_the_source(
     refused = ingest(db.dsn, *cap.args("--typed-tables"))
     assert refused.exit_code == 4, refused.stderr
 
-    control = ControlConnection(resolve_dsn(db.dsn), cap.slot)  # the marker alone: as a resync killed after it
-    control.open()
-    try:
-        gap = mark_gap(control, open_output(cap.output), cap.slot, cap.output, "test")
-    finally:
-        control.close()
-    assert gap is not None and gap.kind == "gap" and gap.version == 3
-    head = CommitLog(open_output(cap.output)).state()
-    assert head.high_water_mark == gap.end_lsn  # the marker does not move the high-water mark
+    gap = _killed_after_marking(cap, tmp_path / "gate")  # a resync SIGKILLed in its snapshot, the gap marked
+    assert gap.kind == "gap" and gap.version == 3
+    state = CommitLog(open_output(cap.output)).state()
+    assert state.high_water_mark == gap.end_lsn  # the marker does not move the high-water mark
 
     resumed = ingest(db.dsn, *cap.args("--typed-tables"))  # at once, from the slot's new position
     assert resumed.exit_code == 0 and resumed.summary is not None and resumed.summary["changes"] == 1, resumed.stderr
@@ -81,9 +102,10 @@ def test_resync_after_a_recreated_slot_brings_the_state_equal_to_the_source(
     assert gaps(cap.output) == [{"seq": gap.seq, "after": gap.start, "through": gap.resume}]
     listed = CliRunner().invoke(cli, ["batches", "--output", cap.output, "--json"])
     assert [json.loads(line) for line in listed.stdout.splitlines()][-1]["totals"]["gaps"] == 1
-    code, summary, err = _resync(cap)  # finds the gap marked, takes the snapshot
+    code, summary, err = _resync(cap)  # finds the gap marked, resumes the killed run's snapshot
     assert code == 0 and summary["marked"] is False and summary["gap"]["seq"] == gap.seq, err
     assert summary["snapshot"]["status"] == "ok" and summary["snapshot"]["tables"] == 1
+    assert summary["snapshot"]["resumed"] is True
     code, summary, _ = _resync(cap)
     assert code == 0 and summary["snapshot"] is None and "nothing to do" in summary["notes"][0]  # idempotent
 
