@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pgpoll.errors import FenceLostError, SlotGapError
+from pgpoll.errors import ConfigError, FenceLostError, SlotGapError
 from pgpoll.lsn import Lsn
 from pgpoll.sink.commit.head import output_head
 from pgpoll.sink.commit.lease import Lease
@@ -134,6 +134,9 @@ def run_resync(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | Non
     control = ControlConnection(resolve_dsn(opts.dsn), opts.slot)
     control.open()
     try:
+        if control.slot_info().plugin == "pgoutput" and not opts.publications:  # before the marker, not after it
+            raise ConfigError(f'slot "{opts.slot}" uses pgoutput: resync snapshots its publications\' tables',
+                              "pass --publication NAME")
         lease = Lease(fs, run=run, slot=opts.slot)
         lease.acquire()  # no ingest while the marker is written (exit 3 at once)
         try:

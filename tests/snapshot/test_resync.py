@@ -89,6 +89,9 @@ def test_resync_after_a_recreated_slot_brings_the_state_equal_to_the_source(
     refused = ingest(db.dsn, *cap.args("--typed-tables"))
     assert refused.exit_code == 4, refused.stderr
 
+    no_pub = CliRunner().invoke(cli, ["resync", "--slot", cap.slot, "--output", cap.output], env={"PGPOLL_DSN": db.dsn})
+    assert no_pub.exit_code == 2 and "pass --publication NAME" in no_pub.stderr  # refused before any marker
+    assert not any(r.is_gap for r in CommitLog(open_output(cap.output)).records())
     gap = _killed_after_marking(cap, tmp_path / "gate")  # a resync SIGKILLed in its snapshot, the gap marked
     assert gap.kind == "gap" and gap.version == 3
     state = CommitLog(open_output(cap.output)).state()
