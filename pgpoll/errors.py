@@ -134,6 +134,19 @@ class SlotMovedError(SourceError):
     """
 
 
+class SlotGapError(SourceError):
+    """The slot and the output disagree: reading on would lose changes or keep changes the server never had.
+
+    The slot is past the output's high-water mark (dropped and recreated,
+    consumed by another reader, advanced by hand: the changes in between were
+    never written), or it is at or behind the mark on another server or on a
+    timeline that left the output's before the mark (a failover to a standby
+    that had not received everything the output read). Checked before a run
+    reads anything (:mod:`pgpoll.source.slot_gap`): nothing is written and
+    the slot is not moved.
+    """
+
+
 class SlotExistsError(SourceError):
     """A slot of that name already exists."""
 

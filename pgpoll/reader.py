@@ -7,6 +7,10 @@ object store a plain listing of ``changes/lsn_range=*`` can. Files are read
 with pyarrow through pgpoll's own store client: in the tasks of a Spark job
 (:func:`read_changes`, no Hadoop connector needed) or in this process
 (:func:`read_changes_arrow`).
+
+The change log can have gaps: ranges of commits it lacks because its slot was
+moved past it, marked by ``pgpoll resync`` (docs/reference/output-contract.md).
+:func:`gaps` lists them, so a reader that needs every change can tell.
 """
 
 from __future__ import annotations
@@ -28,6 +32,15 @@ def _files(path: str) -> tuple[Any, list[str], list[dict[str, Any]]]:
     paths = [fs.path(layout.CHANGES, partition, name) for partition, name, _size in found]
     partitions = [{"lsn_range": partition.split("=", 1)[1]} for partition, _name, _size in found]
     return fs, paths, partitions
+
+
+def gaps(path: str) -> list[dict[str, Any]]:
+    """The gaps on record under ``path``, oldest first: ``{"seq", "after", "through"}``, the changes with a
+    ``commit_lsn`` in ``(after, through]`` are missing from the change log (every commit-log record is read)."""
+    from pgpoll.sink.commit.log import CommitLog
+
+    return [{"seq": r.seq, "after": r.start, "through": r.resume}
+            for r in CommitLog(open_output(path)).records() if r.is_gap]
 
 
 def read_changes(spark: Any, path: str) -> Any:

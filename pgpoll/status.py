@@ -39,6 +39,15 @@ The output's position against the slot's ``confirmed_flush_lsn``:
     output.
 ``no_commits``
     the output has no commit-log record yet.
+``other_server``, ``timeline_diverged``
+    the slot is at or behind the output but on another database system, or
+    on a timeline that left the output's before its high-water mark.
+
+``slot_ahead_of_output``, ``other_server`` and ``timeline_diverged`` are
+alerts that ``ingest`` refuses to run on (exit 4): the shared check of
+:mod:`pgpoll.source.slot_gap`, which reads the slot first and the output's
+head after it, and reads both again before it reports a gap, so a run that
+publishes and advances meanwhile never shows as one.
 """
 
 from __future__ import annotations
@@ -49,11 +58,14 @@ from typing import Any
 
 from pgpoll.errors import ConfigError
 from pgpoll.lsn import Lsn
+from pgpoll.sink.commit.head import output_head
 from pgpoll.sink.commit.log import CommitLog, CommitLogSummary, summarize
 from pgpoll.sink.stores.filesystem import check_readable, open_output
 from pgpoll.source.connection import ConnectionTarget, connect
+from pgpoll.source.server_identity import ServerIdentity, read_identity, read_timeline_history
 from pgpoll.source.server_state import read_server_state, table_write_counts
-from pgpoll.source.slots import SlotInfo
+from pgpoll.source.slot_gap import GAP_POSITIONS, OutputHead, Verdict, check_slot_gap
+from pgpoll.source.slots import SlotInfo, get_slot
 
 LOST = "lost"
 LAG = "lag"
@@ -95,6 +107,8 @@ class SlotStatus:
 
     caught_up: CaughtUp | None = None
     current_counts: dict[str, list[int]] | None = None
+    verdict: Verdict | None = None
+    """The gap check's verdict (with an output): read slot-first, so no false alarm from a concurrent run."""
 
     @property
     def lag_basis(self) -> str | None:
@@ -122,6 +136,8 @@ class SlotStatus:
         """The output's high-water mark against the slot's confirmed position (see the module doc)."""
         if self.output is None:
             return None
+        if self.verdict is not None:
+            return self.verdict.position
         hwm, confirmed = self.output.high_water_mark, self.info.confirmed_flush_lsn
         if hwm is None:
             return "no_commits"
@@ -132,9 +148,12 @@ class SlotStatus:
     @property
     def position_bytes(self) -> int | None:
         """``confirmed_flush_lsn - high_water_mark`` (negative: the slot is behind the output)."""
-        if self.output is None or self.output.high_water_mark is None or self.info.confirmed_flush_lsn is None:
+        hwm = self.verdict.output.high_water_mark if self.verdict is not None else (
+            self.output.high_water_mark if self.output is not None else None)
+        confirmed = self.verdict.slot.confirmed_flush_lsn if self.verdict is not None else self.info.confirmed_flush_lsn
+        if self.output is None or hwm is None or confirmed is None:
             return None
-        return int(self.info.confirmed_flush_lsn) - int(self.output.high_water_mark)
+        return int(confirmed) - int(hwm)
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict: the slot's fields, the lag, the output's position and the alerts."""
@@ -184,6 +203,11 @@ class StatusReport:
         return tuple(s for s in self.slots if LOST in s.alerts)
 
     @property
+    def gaps(self) -> tuple[SlotStatus, ...]:
+        """Slots that ``ingest`` would refuse against the output (a gap, another server or timeline)."""
+        return tuple(s for s in self.slots if s.verdict is not None and s.verdict.error is not None)
+
+    @property
     def lagging(self) -> tuple[SlotStatus, ...]:
         """Slots whose lag in bytes is above ``max_lag_bytes``."""
         return tuple(s for s in self.slots if LAG in s.alerts)
@@ -201,8 +225,8 @@ def _alerts(info: SlotInfo, max_lag_bytes: int | None, position: str | None) -> 
         found.append(UNRESERVED)
     if max_lag_bytes is not None and info.lag_bytes is not None and info.lag_bytes > max_lag_bytes:
         found.append(LAG)
-    if position == SLOT_AHEAD:
-        found.append(SLOT_AHEAD)
+    if position in GAP_POSITIONS:
+        found.append(position)
     return tuple(found)
 
 
@@ -249,11 +273,28 @@ def collect_status(
     try:
         state = read_server_state(conn, wanted)
         counts = table_write_counts(conn, None) if caught_up is not None else None
+        verdicts = {info.name: _verdict(conn, info, output) for info in state.slots} if output is not None else {}
     finally:
         conn.close()
     statuses = []
     for info in state.slots:
         base = SlotStatus(info=info, current_lsn=state.current_lsn, checked_at=state.server_time, output=log_summary,
-                          caught_up=caught_up, current_counts=counts)
+                          caught_up=caught_up, current_counts=counts, verdict=verdicts.get(info.name))
         statuses.append(replace(base, alerts=_alerts(info, max_lag_bytes, base.position)))
     return StatusReport(database=state.database, slots=tuple(statuses), max_lag_bytes=max_lag_bytes, notes=tuple(notes))
+
+
+def _verdict(conn: Any, first: SlotInfo, output: str) -> Verdict:
+    """The gap check of ``first`` (the slot as the report read it) against ``output``'s head, read after it."""
+    log = CommitLog(open_output(output))
+    reads = iter([first])
+
+    def slot() -> SlotInfo:  # the report's reading first; a re-check reads the slot again
+        return next(reads, None) or get_slot(conn, first.name)
+
+    def head() -> OutputHead:
+        hwm, record = output_head(log)
+        return OutputHead(hwm, ServerIdentity.from_json(record.server) if record is not None else None)
+
+    return check_slot_gap(slot, head, output_path=output, identity=lambda: read_identity(conn),
+                          history=lambda timeline: read_timeline_history(conn, timeline))

@@ -28,6 +28,8 @@ def batch_row(record: CommitRecord) -> dict[str, Any]:
         "last_commit_ts": record.last_commit_ts,
         "slot": record.slot,
         "plugin": record.plugin,
+        "kind": record.kind,  # "gap": the changes in (start, resume] are missing (pgpoll resync marked them)
+        "resume": record.resume,
     }
 
 
@@ -37,6 +39,7 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     newest = [r["last_commit_ts"] for r in rows if r["last_commit_ts"]]
     return {
         "batches": len(rows),
+        "gaps": sum(1 for r in rows if r["kind"] == "gap"),
         "rows": sum(r["rows"] for r in rows),
         "files": sum(r["files"] for r in rows),
         "bytes": sum(known_bytes) if known_bytes or not rows else None,
@@ -76,7 +79,8 @@ def command(output: str, last: int | None, as_json: bool) -> None:
     echo_table(
         ["seq", "lsn_range", "rows", "files", "bytes", "committed_at", "newest_change"],
         [
-            [r["seq"], f'{r["start"]}-{r["end"]}', r["rows"], r["files"], "" if r["bytes"] is None else r["bytes"],
+            [r["seq"], f'{r["start"]}-{r["end"]}' if r["kind"] != "gap" else f'GAP: {r["start"]}-{r["resume"]} missing',
+             r["rows"], r["files"], "" if r["bytes"] is None else r["bytes"],
              _short_time(r["committed_at"]), _short_time(r["last_commit_ts"])]
             for r in rows
         ],
@@ -85,4 +89,5 @@ def command(output: str, last: int | None, as_json: bool) -> None:
         f'total: {summary["batches"]} batch(es), {summary["rows"]:,} row(s), {summary["files"]} file(s)'
         + (f', {summary["bytes"]:,} bytes' if summary["bytes"] is not None else "")
         + (f', {summary["first_lsn"]}..{summary["last_lsn"]}' if rows else "")
+        + (f', {summary["gaps"]} gap(s): see docs/how-to/lost-slot.md' if summary["gaps"] else "")
     )

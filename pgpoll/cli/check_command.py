@@ -6,25 +6,47 @@ import click
 
 from pgpoll.cli.options import dsn_option, json_option, target
 from pgpoll.cli.output import echo_json, echo_table
-from pgpoll.errors import SourceError
-from pgpoll.source.connection import connect
-from pgpoll.source.preflight import FAIL, run_checks
+from pgpoll.errors import ConfigError, SlotGapError, SourceError
+from pgpoll.source.connection import ConnectionTarget, connect
+from pgpoll.source.names import check_slot_name
+from pgpoll.source.preflight import FAIL, OK, CheckItem, run_checks
+from pgpoll.status import collect_status
+
+
+def _slot_against_output(tgt: ConnectionTarget, slot: str, output: str) -> CheckItem:
+    """The gap check ``ingest`` runs before it reads (:mod:`pgpoll.source.slot_gap`), as one check item."""
+    status = collect_status(tgt, slot=check_slot_name(slot), output=output).slots[0]
+    verdict = status.verdict
+    assert verdict is not None
+    value = f"{verdict.position} (slot at {verdict.slot.confirmed_flush_lsn}, output at {verdict.output.high_water_mark})"
+    if verdict.error is None:
+        return CheckItem("slot_vs_output", OK, value)
+    return CheckItem("slot_vs_output", FAIL, value, verdict.error.hint or "", SlotGapError)
 
 
 @click.command()
 @click.option("--plugin", type=click.Choice(["test_decoding", "pgoutput"]), default=None,
               help="Also check that this output plugin is available.")
 @click.option("--publication", default=None, help="Also check that this publication exists.")
+@click.option("--slot", default=None, help="With --output: the slot that feeds the output.")
+@click.option("--output", default=None, metavar="PATH",
+              help="Also check the slot against this output as ingest does before it reads: a gap (the slot past the "
+                   "output's high-water mark), another server or a diverged timeline fail (exit 4).")
 @json_option
 @dsn_option
-def check(plugin: str | None, publication: str | None, as_json: bool, dsn: str | None) -> None:
+def check(plugin: str | None, publication: str | None, slot: str | None, output: str | None, as_json: bool,
+          dsn: str | None) -> None:
     """Check that the server is ready for pgpoll; exit 4 with the fix when it is not."""
+    if output is not None and slot is None:
+        raise ConfigError("--output needs --slot", "pass --slot NAME, the slot that feeds the output")
     tgt = target(dsn)
     conn = connect(tgt)
     try:
         items = run_checks(conn, plugin=plugin, publication=publication)
     finally:
         conn.close()
+    if output is not None and slot is not None:
+        items.append(_slot_against_output(tgt, slot, output))
     if as_json:
         for item in items:
             echo_json(item.as_json())

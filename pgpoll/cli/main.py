@@ -52,6 +52,7 @@ def _register() -> None:
         materialize_command,
         publication_commands,
         report_command,
+        resync_command,
         slot_commands,
         snapshot_command,
         status_command,
@@ -67,6 +68,7 @@ def _register() -> None:
     cli.add_command(batches_command.command)
     cli.add_command(snapshot_command.command)
     cli.add_command(report_command.command)
+    cli.add_command(resync_command.command)
     _add_verbose(cli)
 
 

@@ -1,9 +1,12 @@
 """``pgpoll status``: lag in bytes and in time, WAL status and the output's position, for people and monitors.
 
 ``--format prometheus`` prints the same numbers as Prometheus gauges
-(:mod:`pgpoll.observe.status_metrics`). Exit codes: 0 all well; 4 when a slot is lost (``wal_status = lost``); 7
-when a slot's lag is above ``--max-lag-bytes``. The report is printed first
-in every case, so a monitor gets the numbers with the verdict.
+(:mod:`pgpoll.observe.status_metrics`). Exit codes: 0 all well; 4 when a slot is lost (``wal_status = lost``) or,
+with ``--output``, when ``ingest`` would refuse the slot against the output
+(``slot_ahead_of_output``, ``other_server``, ``timeline_diverged``); 7 when a
+slot's lag is above ``--max-lag-bytes``. 4 takes precedence over 7: a source
+problem is named before a lag. The report is printed first in every case,
+so a monitor gets the numbers with the verdict.
 """
 
 from __future__ import annotations
@@ -75,8 +78,10 @@ def command(output: str | None, slot: str | None, max_lag_bytes: int | None, fmt
     """Show each slot's lag (bytes and time), WAL status, safe WAL size, active PID and, with --output,
     its position against the output.
 
-    Exits 4 when a slot is lost and 7 when a lag is above --max-lag-bytes,
-    after printing the report. Nothing is consumed, locked or started.
+    Exits 4 when a slot is lost or, with --output, when ingest would refuse it
+    (a gap between the slot and the output, another server or timeline), and 7
+    when a lag is above --max-lag-bytes (4 takes precedence), after printing the
+    report. Nothing is consumed, locked or started.
     """
     if as_json and fmt not in ("table", "json"):
         raise click.UsageError(f"--json and --format {fmt} say different things: give one")
@@ -97,6 +102,13 @@ def command(output: str | None, slot: str | None, max_lag_bytes: int | None, fmt
             f"slot(s) {names} lost the WAL they need (wal_status = lost)",
             "drop and recreate the slot, then `pgpoll snapshot` the captured tables into a new output",
         )
+    for gap in report.gaps:
+        assert gap.verdict is not None and gap.verdict.error is not None
+        if len(report.gaps) == 1:
+            raise gap.verdict.error
+        click.echo(f"alert: {gap.verdict.error}", err=True)
+    if report.gaps:
+        raise SystemExit(exitcodes.SOURCE)
     if report.lagging:
         for s in report.lagging:
             click.echo(

@@ -42,6 +42,7 @@ from pgpoll import faults, stopping
 from pgpoll.errors import ConfigError, PgpollError, PublicationNotFoundError, SinkError, SlotInvalidatedError, WrongPluginError
 from pgpoll.ingest.batch_bounds import BATCH_WAL, batch_bounds
 from pgpoll.ingest.batch_job import StoppedError, driver_batch_wal, run_batch
+from pgpoll.ingest.gap_check import check_output, confirm_server
 from pgpoll.ingest.progress_channel import BatchProgressLog, ProgressListener
 from pgpoll.ingest.task import BatchSpec
 from pgpoll.lsn import Lsn
@@ -321,6 +322,7 @@ def drain(
         report = sink.recover()
         summary.fenced = sink.fenced
         summary.recovery = report.as_json()
+        server = check_output(control, sink, opts.output).server  # a gap: exit 4, nothing written, the slot unmoved
         schema_store = SchemaStore(sink.fs)
         options = tuple(slot_access.peek_options(plugin, publications=list(opts.publications)))
         patterns = TablePatterns(tuple(opts.tables), tuple(opts.exclude_tables))
@@ -394,12 +396,17 @@ def drain(
                 if opts.typed_tables and outcome.changes else {}
             )
             faults.crash_if("after-write", fault)
+            try:
+                server = confirm_server(control, server)
+            except PgpollError:
+                sink.discard(plan)
+                raise
             start = outcome.first_commit_lsn if outcome.first_commit_lsn is not None else outcome.advance_to
             record = sink.publish(
                 plan, start=start, end=outcome.advance_to, rows=outcome.changes, slot=opts.slot, plugin=plugin,
                 last_commit_ts=outcome.last_commit_ts, first_commit_ts=outcome.first_commit_ts, tables=typed,
                 table_stats=stats if heartbeat_sent and caught_up else None, publications=opts.publications,
-                xid_min=outcome.xid_min, xid_max=outcome.xid_max, uploaded=outcome.uploaded,
+                xid_min=outcome.xid_min, xid_max=outcome.xid_max, uploaded=outcome.uploaded, server=server.as_json(),
             )  # FenceLostError (exit 3) when another run published this record number first
             faults.crash_if("after-commit-log", fault)
             control.advance(Lsn(outcome.advance_to))

@@ -51,6 +51,7 @@ from pgpoll.materialize.snapshot_merge import (
     added_columns_warning,
     base_frame,
     converged,
+    gap_refusal,
     predates_warning,
     recheck_rows,
     resnapshot_command,
@@ -142,6 +143,7 @@ class Materializer(ParquetState):
         self.filter = TablePatterns(opts.tables, opts.exclude_tables)
         self.snapshots = SnapshotCatalog(self.fs)
         self.high_water: Lsn | None = None
+        self.gap: CommitRecord | None = None
         self.rebuilt: set[str] = set()  # tables rebuilt on a newer snapshot (a state at the same position is replaced)
         self.pins: dict[str, int] = {}  # the state record each table's run builds on (pgpoll.materialize.state_log)
         self.summaries: dict[str, ChangeSummary] = {}  # per table: what one pass over its new changes found
@@ -193,6 +195,7 @@ class Materializer(ParquetState):
                             "run pgpoll ingest --typed-tables --output PATH first, or check the path")
         records = CommitLog(self.fs).records() if has_log else []
         self.high_water = max((r.end_lsn for r in records), default=None)
+        self.gap = next((r for r in reversed(records) if r.is_gap), None)  # the newest gap `pgpoll resync` marked
         names = sorted({t for r in records for t in r.tables} | snapshotted)
         if not names:
             raise SinkError(f"{self.opts.output} has no typed tables",
@@ -205,6 +208,11 @@ class Materializer(ParquetState):
             if is_dir and SCRATCH in name and stale_scratch(self.dest, name):
                 self.dest.delete(self.dest.path(name))
         selected = [(n, p) for n in names if (p := layout.parse_table_dir_name(n)) is not None and self.filter.accepts(*p)]
+        if self.gap is not None:  # every table refused across the gap is named before any state is written
+            refused = [e for _n, p in selected if (e := gap_refusal(self.gap, self.snapshots.latest(*p),
+                                                                    f"{p[0]}.{p[1]}", self.opts.output))]
+            if refused:
+                raise ConfigError(" ".join(e.message for e in refused), refused[0].hint)
         try:  # a few tables at once, results and errors as one by one (pgpoll.materialize.table_pool)
             return run_in_order([functools.partial(self._one_table, n, p, records) for n, p in selected])
         finally:
@@ -220,6 +228,8 @@ class Materializer(ParquetState):
         qualified = f"{parsed[0]}.{parsed[1]}"
         target = self.dest.path(name)
         snap = self.snapshots.latest(*parsed)
+        if self.gap is not None:  # built on the snapshot planned after the gap (checked above), from the records after it
+            records = [r for r in records if r.seq > self.gap.seq]
         marker = self._read_marker(name)
         if snap is not None and (marker is None or marker.get("snapshot_id") != snap.snapshot_id
                                  or marker.get("snapshot_rechecks_pending")):

@@ -21,7 +21,10 @@ snapshot already holds; this module prepares what that needs from the run:
 * :func:`snapshot_json` (``materialize --json``); :func:`predates_warning`
   (a table without a snapshot whose changes show it held rows before the slot)
   and :func:`added_columns_warning` (columns added after rows were read, whose
-  default PostgreSQL never sends as changes): only a snapshot fixes those.
+  default PostgreSQL never sends as changes): only a snapshot fixes those;
+* :func:`gap_refusal`: a table is built across a gap that ``pgpoll resync``
+  marked only on a snapshot planned after the gap (the gap's changes are in
+  no batch: only such a snapshot holds their effect).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pgpoll.errors import SinkError
+from pgpoll.errors import ConfigError, SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.materialize.recheck_fill import RecheckRows
 from pgpoll.materialize.snapshot_input import SHARED, TableSnapshot
@@ -46,6 +49,25 @@ RESNAPSHOT_FIX = "run `pgpoll snapshot` again: ingest now writes full transactio
 def resnapshot_command(qualified: str) -> str:
     """The command that repairs one table."""
     return f"`pgpoll snapshot --tables {qualified}`"
+
+
+def gap_refusal(gap: CommitRecord, snap: TableSnapshot | None, qualified: str, output: str) -> ConfigError | None:
+    """The refusal (exit 2) to build ``qualified`` across ``gap`` without a complete snapshot planned after it.
+
+    Such a snapshot was read after the slot's new position (``resume``), so it
+    holds the effect of every change the gap lacks, and the records after the
+    gap hold everything since; the records before the gap are not read.
+    """
+    resume = Lsn.parse(gap.resume) if gap.resume is not None else gap.end_lsn
+    if snap is not None and snap.plan_lsn >= int(resume):
+        return None
+    have = f"its newest complete snapshot {snap.snapshot_id} is older" if snap is not None else "it has no complete snapshot"
+    return ConfigError(
+        f"{qualified}: the output lacks the changes in ({gap.start}, {resume}] (the gap marked at commit-log record "
+        f"{gap.seq}) and {have}: a state built across the gap would miss them",
+        f"finish `pgpoll resync --slot {gap.slot} --output {output}` (or run {resnapshot_command(qualified)}), "
+        "then materialize again",
+    )
 
 
 def snapshot_filter(snap: TableSnapshot, described: TableSchema, columns: Sequence[StateColumn]) -> SnapshotFilter:

@@ -23,6 +23,7 @@ EXPECTED = {
     errors.TableRewrittenError: exitcodes.SOURCE,
     errors.SlotExistsError: exitcodes.SOURCE,
     errors.SlotMovedError: exitcodes.SOURCE,  # a Spark stream's slot moved past its batch start
+    errors.SlotGapError: exitcodes.SOURCE,  # the slot and the output disagree (pgpoll.source.slot_gap)
     errors.ConnectionFailedError: exitcodes.SOURCE,
     errors.SinkError: exitcodes.SINK,
     errors.DecodeError: exitcodes.DECODE,

@@ -210,12 +210,13 @@ def test_a_slot_moved_past_the_output_is_flagged(pg_capture: Capture, pgpoll: An
     load(db, 10, 10)
     db.execute("SELECT 1 FROM pg_replication_slot_advance(%s, pg_current_wal_lsn())", (pg_capture.slot,))
 
-    code, rows, _ = status_json(pgpoll, db.dsn, "--output", pg_capture.output)
+    code, rows, stderr = status_json(pgpoll, db.dsn, "--output", pg_capture.output, "--max-lag-bytes", "0")
 
-    assert code == 0
+    assert code == exitcodes.SOURCE == 4  # the gap is a source alert: it wins over the lag alert's 7
     row = only(rows, pg_capture.slot)
     assert row["position"] == "slot_ahead_of_output" and row["position_bytes"] > 0
     assert "slot_ahead_of_output" in row["alerts"]
+    assert f"past the output's high-water mark {row['high_water_mark']}" in stderr and "fix: run `pgpoll resync" in stderr
 
 
 def test_output_without_records_needs_slot(db: Any, pgpoll: Any, tmp_path: Path) -> None:

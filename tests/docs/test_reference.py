@@ -76,6 +76,7 @@ def test_every_summary_and_record_key_is_documented() -> None:
     from pgpoll.materialize.run import TableState
     from pgpoll.observe.run_history import RunRecord
     from pgpoll.sink.commit.log import CommitRecord
+    from pgpoll.snapshot.resync import ResyncSummary
     from pgpoll.snapshot.run import SnapshotSummary
 
     page = (ROOT / "docs" / "reference" / "json-records.md").read_text(encoding="utf-8")
@@ -83,6 +84,7 @@ def test_every_summary_and_record_key_is_documented() -> None:
     for heading, record, leave_out in (
         ("`pgpoll ingest` summary", RunSummary, set()),
         ("`pgpoll snapshot` summary", SnapshotSummary, set()),
+        ("`pgpoll resync` summary", ResyncSummary, set()),
         ("`pgpoll materialize --json`", TableState, set()),
         ("Commit-log record", CommitRecord, {"name"}),  # the file's name, not stored
         ("Run-history record", RunRecord, set()),

@@ -182,6 +182,7 @@ class BatchSink:
         tables: Mapping[str, Sequence[tuple[str, int]]] | None = None, xid_min: int | None = None,
         xid_max: int | None = None, table_stats: dict[str, Any] | None = None,
         publications: Iterable[str] = (), uploaded: UploadedBatch | None = None,
+        server: dict[str, Any] | None = None,
     ) -> CommitRecord:
         """Commit the planned batch as record ``plan.seq`` (the compare-and-set), then move its files into place.
 
@@ -189,7 +190,8 @@ class BatchSink:
         final keys (nothing is moved then). Raises :class:`FenceLostError`
         (this plan's staging and uploads removed) when another run created
         that record first, :class:`SinkError` when the staged batch is
-        incomplete or its partition exists already.
+        incomplete or its partition exists already. ``server``: the source's
+        system identifier and timeline, kept in the record for the gap check.
         """
         if isinstance(plan, str):
             found = self._plans.pop(plan, None)
@@ -222,6 +224,7 @@ class BatchSink:
             prev=plan.prev, file_sizes=files, bytes=sum(files.values()),
             table_files=table_files, run=plan.run, staging=plan.id, first_commit_ts=first_commit_ts, xid_min=xid_min,
             xid_max=xid_max, table_stats=table_stats, publications=sorted(publications), in_place=direct,
+            server=server,
         )
         if not self.log.create(record):
             self.discard(plan)

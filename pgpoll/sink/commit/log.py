@@ -54,7 +54,7 @@ from pgpoll.errors import SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
 from pgpoll.sink.commit.checkpoints import CHECKPOINT_EVERY, KEEP_CHECKPOINTS, POINTER, Checkpoint, LogState
-from pgpoll.sink.commit.records import VERSION, CommitRecord, parse_timestamp, record_name, utc_now
+from pgpoll.sink.commit.records import GAP_VERSION, VERSION, CommitRecord, parse_timestamp, record_name, utc_now
 from pgpoll.sink.stores.filesystem import OutputFs, open_output
 
 __all__ = [
@@ -236,8 +236,8 @@ class CommitLog:
         True when this call created it (the batch is committed); False when
         another run's record has that number (this run lost).
         """
-        if record.version != VERSION or record.seq < 1:
-            raise ValueError("only version-2 records with a seq are created")
+        if record.version != (GAP_VERSION if record.is_gap else VERSION) or record.seq < 1:
+            raise ValueError("only version-2 batch and version-3 gap records with a seq are created")
         self.fs.mkdirs(self.dir)
         won = self.fs.create_exclusive(self.record_path(record.seq), record.to_json())
         if won:

@@ -30,6 +30,15 @@ from pgpoll.errors import SinkError
 from pgpoll.lsn import Lsn
 
 VERSION = 2
+"""The format of the batch records this pgpoll writes."""
+
+BATCH, GAP = "batch", "gap"
+KINDS = (BATCH, GAP)
+GAP_VERSION = 3
+"""Gap records (``kind`` "gap", written by ``pgpoll resync``) are format 3: a pgpoll that reads only up to 2
+refuses the output rather than read an empty batch where changes are missing."""
+READ_VERSION = GAP_VERSION
+"""The newest record format this pgpoll reads."""
 
 
 def record_name(seq: int) -> str:
@@ -64,7 +73,17 @@ class CommitRecord:
     from; ``first_commit_ts``/``last_commit_ts`` the commit times of the oldest
     and newest change written (ISO 8601, UTC); ``xid_min``/``xid_max`` the
     batch's full 64-bit transaction ids (None when unknown); ``table_stats``
-    per-table figures for later use; ``name`` is the file name (not stored).
+    per-table figures for later use; ``server`` the source server's
+    ``system_identifier`` and ``timeline`` when the batch was read (None in
+    records of older versions: :mod:`pgpoll.source.slot_gap` compares them);
+    ``name`` is the file name (not stored).
+
+    A gap record (``kind`` "gap", format 3) says the output lacks the changes
+    committed in ``(end, resume]``: the slot had been moved to ``resume`` by
+    something else. Its ``end`` is the high-water mark it was written on (a
+    gap never moves the mark past changes the output does not hold); ingest
+    goes on from ``resume``, and materialize builds no table across it
+    without a snapshot planned after it.
     """
 
     start: str
@@ -94,7 +113,15 @@ class CommitRecord:
     publications: list[str] = field(default_factory=list)
     in_place: bool = False
     """The files were written at their final place before the record (object stores): nothing to move."""
+    server: dict[str, Any] | None = None
+    resume: str | None = None
+    """Gap records: where the slot was when the gap was marked (the changes up to it are missing)."""
     name: str = field(default="", compare=False)
+
+    @property
+    def is_gap(self) -> bool:
+        """A gap marker, not a batch."""
+        return self.kind == GAP
 
     @property
     def end_lsn(self) -> Lsn:
@@ -116,9 +143,15 @@ class CommitRecord:
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
         version = int(data.get("version", 1))
-        if version > VERSION:
+        if version > READ_VERSION:
             raise SinkError(
-                f"commit-log record {name} has format version {version}, newer than this pgpoll reads ({VERSION})",
+                f"commit-log record {name} has format version {version}, newer than this pgpoll reads ({READ_VERSION})",
+                "upgrade pgpoll to the version that wrote the output",
+            )
+        kind = data.get("kind", BATCH)
+        if kind not in KINDS:
+            raise SinkError(
+                f"commit-log record {name} is of kind {kind!r}, which this pgpoll does not know",
                 "upgrade pgpoll to the version that wrote the output",
             )
         known = {f.name for f in fields(cls)} - {"name"}

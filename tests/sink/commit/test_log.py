@@ -118,8 +118,18 @@ def test_a_version_2_record_carries_every_designed_field(tmp_path: Path) -> None
 def test_a_record_of_a_newer_format_is_refused(tmp_path: Path) -> None:
     commits = tmp_path / layout.COMMITS
     commits.mkdir(parents=True)
-    (commits / record_name(1)).write_text(json.dumps({"version": 3, "seq": 1}))
+    (commits / record_name(1)).write_text(json.dumps({"version": 4, "seq": 1}))  # 3: gap records (pgpoll resync)
     with pytest.raises(SinkError, match="newer than this pgpoll"):
+        CommitLog(LocalOutputFs(str(tmp_path))).state()
+
+
+def test_a_record_of_an_unknown_kind_is_refused(tmp_path: Path) -> None:
+    commits = tmp_path / layout.COMMITS
+    commits.mkdir(parents=True)
+    body = {"version": 3, "seq": 1, "kind": "rewind", "start": "0/1", "end": "0/1", "rows": 0, "files": [],
+            "partition": None, "slot": "s", "plugin": "pgoutput"}
+    (commits / record_name(1)).write_text(json.dumps(body))
+    with pytest.raises(SinkError, match="of kind 'rewind', which this pgpoll does not know"):
         CommitLog(LocalOutputFs(str(tmp_path))).state()
 
 
