@@ -34,6 +34,7 @@ from pgpoll.source import slots as slot_access
 from pgpoll.source.connection import ConnectionTarget, connect
 from pgpoll.source.server_errors import is_transient, translate
 from pgpoll.source.session import pinned_transaction
+from pgpoll.source.waits import CallWatch
 
 log = logging.getLogger("pgpoll")
 T = TypeVar("T")
@@ -165,7 +166,8 @@ class ControlConnection:
 
     def advance(self, lsn: Lsn) -> slot_access.AdvanceResult:
         """Advance the slot (idempotent; read and advance in one transaction)."""
-        return self.call(lambda c: slot_access.advance_slot(c, self.slot, lsn))
+        watch = CallWatch(self.target, f'the advance of slot "{self.slot}"')  # a failover slot's advance can wait
+        return self.call(lambda c: slot_access.advance_slot(c, self.slot, lsn, watch=watch))
 
     def emit_heartbeat(self, run_id: str) -> Lsn:
         """Write a transactional heartbeat message, committed synchronously; returns its LSN."""
