@@ -8,6 +8,7 @@ from pgpoll.cli.options import dsn_option, json_option, target
 from pgpoll.cli.output import echo_json, echo_table
 from pgpoll.errors import SourceError
 from pgpoll.source.connection import connect
+from pgpoll.source.failover import failover_checks
 from pgpoll.source.preflight import FAIL, run_checks
 
 
@@ -23,6 +24,7 @@ def check(plugin: str | None, publication: str | None, as_json: bool, dsn: str |
     conn = connect(tgt)
     try:
         items = run_checks(conn, plugin=plugin, publication=publication)
+        items += failover_checks(conn)  # PostgreSQL 17+: synchronized_standby_slots; a standby's slot sync
     finally:
         conn.close()
     if as_json:

@@ -151,3 +151,32 @@ def test_a_psycopg2_peek_and_an_advance_waiting_on_a_missing_standby_slot_are_ca
         assert slot_access.get_slot(conn, "fo_cancel").confirmed_flush_lsn != end
     finally:
         conn.close()
+
+
+def _checks(result: Any) -> dict[str, dict[str, str]]:
+    return {row["check"]: row for row in map(json.loads, result.stdout.splitlines())}
+
+
+def test_check_on_a_primary_fails_on_a_missing_standby_slot_and_warns_without_the_setting(
+    pg17: ThrowawayCluster, pgpoll: Pgpoll,
+) -> None:
+    dsn = pg17.dsn()
+    _sql(dsn, "SELECT pg_create_logical_replication_slot('fo_checked', 'test_decoding', false, false, true)")
+    try:
+        unset = pgpoll("check", "--json", "--dsn", dsn)
+        assert unset.exit_code == 0, unset.output
+        items = _checks(unset)
+        assert items["synchronized_standby_slots"]["status"] == "warn"
+        assert "fo_checked" in items["failover slots"]["value"]
+        _set_standby_slots(dsn, "sb_slot")
+        stale = pgpoll("check", "--json", "--dsn", dsn)
+        assert stale.exit_code == 4
+        item = _checks(stale)["synchronized_standby_slots"]
+        assert item["status"] == "fail" and 'replication slot "sb_slot" does not exist' in item["value"]
+        _sql(dsn, "SELECT pg_create_physical_replication_slot('sb_slot')")  # exists, but no standby streams from it
+        inactive = _checks(pgpoll("check", "--json", "--dsn", dsn))["synchronized_standby_slots"]
+        assert inactive["status"] == "fail" and "is not active" in inactive["value"]
+    finally:
+        _set_standby_slots(dsn, "")
+        _sql(dsn, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                  "WHERE slot_name IN ('fo_checked', 'sb_slot')")
