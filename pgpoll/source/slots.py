@@ -95,7 +95,8 @@ class SlotInfo:
 _SLOT_QUERY = """
 SELECT slot_name, plugin, slot_type, database, active, active_pid,
        restart_lsn::text, confirmed_flush_lsn::text, wal_status, safe_wal_size,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), coalesce(confirmed_flush_lsn, restart_lsn))::bigint,
+       pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END,
+                       coalesce(confirmed_flush_lsn, restart_lsn))::bigint,
        two_phase, {failover_columns}
 FROM pg_replication_slots
 """
