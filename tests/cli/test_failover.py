@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -180,3 +181,24 @@ def test_check_on_a_primary_fails_on_a_missing_standby_slot_and_warns_without_th
         _set_standby_slots(dsn, "")
         _sql(dsn, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                   "WHERE slot_name IN ('fo_checked', 'sb_slot')")
+
+
+def test_a_heartbeat_waiting_for_a_synchronous_standby_is_reported_and_goes_on_when_released(
+    pg17: ThrowawayCluster, pgpoll: Pgpoll, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """ingest's heartbeat commits synchronously: with a synchronous standby that is not there, the commit waits."""
+    dsn = pg17.dsn()
+    assert pgpoll("slot", "create", "hb_wait", "--plugin", "test_decoding", "--dsn", dsn).exit_code == 0
+    _sql(dsn, "ALTER SYSTEM SET synchronous_standby_names = 'nosuch_standby'")
+    _sql(dsn, "SELECT pg_reload_conf()")
+    release = threading.Timer(8.0, lambda: (_sql(dsn, "ALTER SYSTEM RESET synchronous_standby_names"),
+                                            _sql(dsn, "SELECT pg_reload_conf()")))
+    release.start()
+    try:
+        with caplog.at_level(logging.WARNING):
+            result = ingest(dsn, "--slot", "hb_wait", "--output", str(tmp_path / "out"))
+    finally:
+        release.join()
+    assert result.exit_code == 0, result.stderr
+    waiting = [r.getMessage() for r in caplog.records if "has been waiting on the server" in r.getMessage()]
+    assert waiting and 'the heartbeat of slot "hb_wait"' in waiting[0] and "IPC/SyncRep" in waiting[0]

@@ -3,7 +3,10 @@
 A new slot's first snapshot waits for every transaction running when the
 creation began (``SnapBuildWaitSnapshot``: a lock wait on each transaction id),
 so an idle-in-transaction session holds ``pgpoll slot create`` until it ends.
-The wait watch (:mod:`pgpoll.source.waits`) must name that session within 10 s.
+The wait watch (:mod:`pgpoll.source.waits`) must name that session within 10 s,
+also behind a transaction pooler, where only the pid taken in the creation's
+own transaction names the right server backend (the PostgreSQL 17 tests in
+``tests/cli/test_failover.py`` watch direct connections).
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from pgpoll.cli.main import cli
 from pgpoll.source.failover import standby_slot_names
 
 
-def test_slot_creation_blocked_by_an_open_transaction_names_the_session_within_10_s(db: Any) -> None:
+@pytest.mark.parametrize("pool_mode", ["transaction"])
+def test_slot_creation_blocked_by_an_open_transaction_names_the_session_within_10_s(db: Any, pooled_dsn: str) -> None:
     blocker = db.connect(autocommit=False, application_name="old-report-job")
     with blocker.cursor() as cur:
         cur.execute("SELECT pg_backend_pid(), txid_current()")  # an xid: the new slot must see it end
@@ -29,7 +34,7 @@ def test_slot_creation_blocked_by_an_open_transaction_names_the_session_within_1
     started = time.monotonic()
     try:
         result = CliRunner().invoke(cli, ["slot", "create", db.slot_name("blocked"), "--plugin", "test_decoding",
-                                          "--dsn", db.dsn])
+                                          "--dsn", pooled_dsn])
     finally:
         release.cancel()
         blocker.close()
