@@ -43,7 +43,7 @@ def create(name: str, plugin: str, two_phase: bool, failover: bool, dsn: str | N
     tgt = target(dsn)
     conn = connect(tgt)
     try:
-        watch = CallWatch(tgt, f'the creation of slot "{name}"', lambda text: click.echo(text, err=True))
+        watch = CallWatch(tgt, f'the creation of slot "{name}"', _say)
         info = slot_access.create_slot(conn, name, plugin, two_phase=two_phase, failover=failover, watch=watch)
     finally:
         conn.close()
@@ -94,6 +94,11 @@ def list_(as_json: bool, dsn: str | None) -> None:
     )
 
 
+def _say(text: str) -> None:
+    """A waiting server call's report (pgpoll.source.waits): stderr, never stdout (rows and JSON)."""
+    click.echo(text, err=True)
+
+
 def _yes_no(value: bool | None) -> str:
     return "" if value is None else "yes" if value else "no"
 
@@ -107,7 +112,8 @@ def _yes_no(value: bool | None) -> str:
 @dsn_option
 def peek(name: str, limit: int | None, publications: tuple[str, ...], as_json: bool, dsn: str | None) -> None:
     """Show what slot NAME holds, without consuming anything."""
-    conn = connect(target(dsn))
+    tgt = target(dsn)
+    conn = connect(tgt)
     try:
         info = slot_access.check_usable(slot_access.get_slot(conn, name))
         plugin = slot_access.check_plugin(info, "auto")
@@ -120,7 +126,9 @@ def peek(name: str, limit: int | None, publications: tuple[str, ...], as_json: b
         if plugin == "pgoutput" and not publications:
             raise ConfigError("slot uses pgoutput, which needs a publication", "pass --publication NAME")
         options = slot_access.peek_options(plugin, publications=list(publications))
-        rows = slot_access.peek_rows(conn, name, plugin, upto_nchanges=limit, options=options, raw_text=True)
+        watch = CallWatch(tgt, f'the peek of slot "{name}"', _say)
+        rows = slot_access.peek_rows(conn, name, plugin, upto_nchanges=limit, options=options, raw_text=True,
+                                     watch=watch)
         progress = Progress()  # a terminal only: a large backlog takes the server a while
         for count, (lsn, xid, raw) in enumerate(rows):
             if limit is not None and count >= limit:
@@ -158,9 +166,10 @@ def _as_text(data: bytes) -> str | None:
 def advance(name: str, lsn: str, dsn: str | None) -> None:
     """Advance slot NAME to LSN (a no-op when it is already there or past it)."""
     position = Lsn.parse(lsn)
-    conn = connect(target(dsn))
+    tgt = target(dsn)
+    conn = connect(tgt)
     try:
-        result = slot_access.advance_slot(conn, name, position)
+        result = slot_access.advance_slot(conn, name, position, watch=CallWatch(tgt, f'the advance of slot "{name}"', _say))
     finally:
         conn.close()
     if result.moved:

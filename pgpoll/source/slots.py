@@ -313,6 +313,7 @@ def peek_rows(
     itersize: int = 10000,
     raw_text: bool = False,
     on_xid_reference: Callable[[int], None] | None = None,
+    watch: CallWatch | None = None,
 ) -> Generator[tuple[Lsn, int | None, Any], None, None]:
     """Stream ``(lsn, xid, data)`` rows of a peek through a server-side cursor.
 
@@ -336,7 +337,7 @@ def peek_rows(
     """
     for chunk in peek_chunks(
         conn, name, plugin, upto_lsn=upto_lsn, upto_nchanges=upto_nchanges, options=options, itersize=itersize,
-        raw_text=raw_text, on_xid_reference=on_xid_reference,
+        raw_text=raw_text, on_xid_reference=on_xid_reference, watch=watch,
     ):
         for lsn, xid, data in chunk:
             yield _make_lsn(Lsn, lsn), xid, data

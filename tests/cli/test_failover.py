@@ -18,12 +18,7 @@ from typing import Any
 import psycopg2
 import pytest
 
-from pgpoll.errors import StandbyWaitError
-from pgpoll.lsn import Lsn
-from pgpoll.source import slots as slot_access
 from pgpoll.source import waits
-from pgpoll.source.connection import connect, resolve_dsn
-from pgpoll.source.waits import CallWatch
 from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs
 from pgpoll.testing.pytest_plugin import TEST_SETTINGS
 from tests.cli.conftest import Pgpoll
@@ -126,32 +121,27 @@ def test_ingest_of_a_failover_slot_behind_a_missing_standby_slot_exits_4_within_
     assert not list((tmp_path / "out").glob("changes/**/*.parquet"))
 
 
-def test_a_psycopg2_peek_and_an_advance_waiting_on_a_missing_standby_slot_are_cancelled(
-    pg17: ThrowawayCluster, stale_standby_slots: str, monkeypatch: pytest.MonkeyPatch,
+def test_slot_peek_and_advance_waiting_on_a_missing_standby_slot_exit_4(
+    pg17: ThrowawayCluster, pgpoll: Pgpoll, stale_standby_slots: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The psycopg2 path (the ADBC one is the ingest test's) and the advance, with a short grace to stay cheap."""
+    """The psycopg2 peek (the ADBC one is the ingest test's) and the advance, with a short grace to stay cheap."""
     monkeypatch.setattr(waits, "FIRST_LOOK", 0.5)
     monkeypatch.setattr(waits, "STANDBY_GRACE", 2.0)
-    target = resolve_dsn(pg17.dsn())
-    _sql(target.dsn, "SELECT pg_create_logical_replication_slot('fo_cancel', 'test_decoding', false, false, true)")
-    _sql(target.dsn, "CREATE TABLE IF NOT EXISTS cancel_t (id int)")
-    _sql(target.dsn, "INSERT INTO cancel_t VALUES (1)")
-    reports: list[str] = []
-    conn = connect(target)
-    try:
-        watch = CallWatch(target, 'the peek of slot "fo_cancel"', reports.append)
-        started = time.monotonic()
-        with pytest.raises(StandbyWaitError) as peeked:
-            list(slot_access.peek_chunks(conn, "fo_cancel", "test_decoding", options=[], watch=watch))
-        assert time.monotonic() - started < 10
-        assert "synchronized_standby_slots = 'sb_slot'" in peeked.value.message
-        assert any("WaitForStandbyConfirmation" in r for r in reports)
-        end = Lsn.parse(_sql(target.dsn, "SELECT pg_current_wal_lsn()::text")[0][0])
-        with pytest.raises(StandbyWaitError):
-            slot_access.advance_slot(conn, "fo_cancel", end, watch=CallWatch(target, "the advance", reports.append))
-        assert slot_access.get_slot(conn, "fo_cancel").confirmed_flush_lsn != end
-    finally:
-        conn.close()
+    dsn = pg17.dsn()
+    _sql(dsn, "SELECT pg_create_logical_replication_slot('fo_cancel', 'test_decoding', false, false, true)")
+    _sql(dsn, "CREATE TABLE IF NOT EXISTS cancel_t (id int)")
+    _sql(dsn, "INSERT INTO cancel_t VALUES (1)")
+    started = time.monotonic()
+    peeked = pgpoll("slot", "peek", "fo_cancel", "--dsn", dsn)
+    assert time.monotonic() - started < 10
+    assert peeked.exit_code == 4 and peeked.stdout == ""
+    assert "WaitForStandbyConfirmation" in peeked.stderr  # said while it waited
+    assert "synchronized_standby_slots = 'sb_slot'" in peeked.stderr and "fix:" in peeked.stderr
+    before = _sql(dsn, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'fo_cancel'")
+    end = _sql(dsn, "SELECT pg_current_wal_lsn()::text")[0][0]
+    advanced = pgpoll("slot", "advance", "fo_cancel", end, "--dsn", dsn)
+    assert advanced.exit_code == 4 and 'the advance of slot "fo_cancel"' in advanced.stderr
+    assert _sql(dsn, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'fo_cancel'") == before
 
 
 def _checks(result: Any) -> dict[str, dict[str, str]]:
