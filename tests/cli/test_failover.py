@@ -84,6 +84,11 @@ def test_slot_create_failover_and_slot_list_show_it(pg17: ThrowawayCluster, pgpo
     assert rows["plain_listed"]["failover"] is False
     table = pgpoll("slot", "list", "--dsn", dsn)
     assert "failover" in table.stdout.splitlines()[0] and "sync_ready" in table.stdout.splitlines()[0]
+    status = pgpoll("status", "--slot", "fo_listed", "--dsn", dsn)
+    header, row = status.stdout.splitlines()[:2]
+    assert header.split()[-2:] == ["failover", "alerts"] and row.split()[-1] == "yes"
+    status_json = json.loads(pgpoll("status", "--slot", "fo_listed", "--json", "--dsn", dsn).stdout.splitlines()[-1])
+    assert (status_json["failover"], status_json["synced"], status_json["sync_ready"]) == (True, False, None)
 
 
 def test_slot_create_failover_before_17_exits_2_naming_the_version(db: Any, pgpoll: Pgpoll) -> None:
