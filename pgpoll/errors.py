@@ -147,6 +147,16 @@ class SlotGapError(SourceError):
     """
 
 
+class StandbyWaitError(SourceError):
+    """A call on a failover slot waited on ``synchronized_standby_slots`` for a slot that cannot confirm, and was cancelled.
+
+    PostgreSQL 17+ makes a failover slot's peek and advance wait until every
+    physical slot named in ``synchronized_standby_slots`` has confirmed the WAL
+    read, with no end; a slot named there that is missing, invalidated or
+    inactive never does (:mod:`pgpoll.source.waits`).
+    """
+
+
 class SlotExistsError(SourceError):
     """A slot of that name already exists."""
 

@@ -173,6 +173,12 @@ class SlotStatus:
             "lag_basis": self.lag_basis,
             "checked_at": self.checked_at.isoformat(),
             "alerts": list(self.alerts),
+            # PostgreSQL 17+ (16: conflicting only); None where the server has no such column
+            "failover": self.info.failover,
+            "synced": self.info.synced,
+            "sync_ready": self.info.sync_ready,
+            "invalidation_reason": self.info.invalidation_reason,
+            "conflicting": self.info.conflicting,
         }
         if self.output is not None:
             out.update({

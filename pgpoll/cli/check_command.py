@@ -8,6 +8,7 @@ from pgpoll.cli.options import dsn_option, json_option, target
 from pgpoll.cli.output import echo_json, echo_table
 from pgpoll.errors import ConfigError, SlotGapError, SourceError
 from pgpoll.source.connection import ConnectionTarget, connect
+from pgpoll.source.failover import failover_checks
 from pgpoll.source.names import check_slot_name
 from pgpoll.source.preflight import FAIL, OK, CheckItem, run_checks
 from pgpoll.status import collect_status
@@ -28,7 +29,8 @@ def _slot_against_output(tgt: ConnectionTarget, slot: str, output: str) -> Check
 @click.option("--plugin", type=click.Choice(["test_decoding", "pgoutput"]), default=None,
               help="Also check that this output plugin is available.")
 @click.option("--publication", default=None, help="Also check that this publication exists.")
-@click.option("--slot", default=None, help="With --output: the slot that feeds the output.")
+@click.option("--slot", default=None, help="The slot to check: on PostgreSQL 17+ whether it is a failover slot; "
+              "with --output, against that output.")
 @click.option("--output", default=None, metavar="PATH",
               help="Also check the slot against this output as ingest does before it reads: a gap (the slot past the "
                    "output's high-water mark), another server or a diverged timeline fail (exit 4).")
@@ -43,6 +45,7 @@ def check(plugin: str | None, publication: str | None, slot: str | None, output:
     conn = connect(tgt)
     try:
         items = run_checks(conn, plugin=plugin, publication=publication)
+        items += failover_checks(conn, slot)  # PostgreSQL 17+: the slot, synchronized_standby_slots; a standby's sync
     finally:
         conn.close()
     if output is not None and slot is not None:

@@ -13,6 +13,7 @@ from pgpoll.source import slots as slot_access
 from pgpoll.source.connection import connect
 from pgpoll.source.names import check_identifier, check_slot_name
 from pgpoll.source.publications import publication_exists
+from pgpoll.source.waits import CallWatch
 
 
 def _slot_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -28,15 +29,26 @@ def slot() -> None:
 @click.argument("name", callback=_slot_name)
 @click.option("--plugin", type=click.Choice(slot_access.PLUGINS), required=True, help="Output plugin of the slot.")
 @click.option("--two-phase", is_flag=True, help="Decode prepared transactions at PREPARE time.")
+@click.option("--failover", is_flag=True,
+              help="A failover slot (PostgreSQL 17+): standbys with sync_replication_slots keep a copy that survives "
+                   "a promotion. See the how-to 'Survive a failover'.")
 @dsn_option
-def create(name: str, plugin: str, two_phase: bool, dsn: str | None) -> None:
-    """Create logical replication slot NAME."""
-    conn = connect(target(dsn))
+def create(name: str, plugin: str, two_phase: bool, failover: bool, dsn: str | None) -> None:
+    """Create logical replication slot NAME.
+
+    The creation waits for the transactions running when it starts to end; a
+    wait longer than a few seconds is reported on stderr with the session it
+    waits for.
+    """
+    tgt = target(dsn)
+    conn = connect(tgt)
     try:
-        info = slot_access.create_slot(conn, name, plugin, two_phase=two_phase)
+        watch = CallWatch(tgt, f'the creation of slot "{name}"', _say)
+        info = slot_access.create_slot(conn, name, plugin, two_phase=two_phase, failover=failover, watch=watch)
     finally:
         conn.close()
-    click.echo(f"created slot {info.name} (plugin {info.plugin}) at {info.confirmed_flush_lsn}")
+    kind = "failover slot" if info.failover else "slot"
+    click.echo(f"created {kind} {info.name} (plugin {info.plugin}) at {info.confirmed_flush_lsn}")
 
 
 @slot.command("drop")
@@ -67,14 +79,28 @@ def list_(as_json: bool, dsn: str | None) -> None:
         for info in infos:
             echo_json(info.as_json())
         return
+    # failover, synced and sync_ready from PostgreSQL 17; invalidated: invalidation_reason (17+) or conflicting (16)
+    failover_columns = any(i.failover is not None for i in infos)
     echo_table(
-        ["slot", "plugin", "database", "active", "restart_lsn", "confirmed_lsn", "wal_status", "lag_bytes", "safe_wal_size"],
+        ["slot", "plugin", "database", "active", "restart_lsn", "confirmed_lsn", "wal_status", "lag_bytes", "safe_wal_size",
+         *(["failover", "synced", "sync_ready"] if failover_columns else []), "invalidated"],
         [
             [i.name, i.plugin, i.database, "yes" if i.active else "no", i.restart_lsn, i.confirmed_flush_lsn,
-             i.wal_status, i.lag_bytes, i.safe_wal_size_shown]
+             i.wal_status, i.lag_bytes, i.safe_wal_size_shown,
+             *([_yes_no(i.failover), _yes_no(i.synced), _yes_no(i.sync_ready)] if failover_columns else []),
+             i.invalidation_reason or ("conflicting" if i.conflicting else "")]
             for i in infos
         ],
     )
+
+
+def _say(text: str) -> None:
+    """A waiting server call's report (pgpoll.source.waits): stderr, never stdout (rows and JSON)."""
+    click.echo(text, err=True)
+
+
+def _yes_no(value: bool | None) -> str:
+    return "" if value is None else "yes" if value else "no"
 
 
 
@@ -86,7 +112,8 @@ def list_(as_json: bool, dsn: str | None) -> None:
 @dsn_option
 def peek(name: str, limit: int | None, publications: tuple[str, ...], as_json: bool, dsn: str | None) -> None:
     """Show what slot NAME holds, without consuming anything."""
-    conn = connect(target(dsn))
+    tgt = target(dsn)
+    conn = connect(tgt)
     try:
         info = slot_access.check_usable(slot_access.get_slot(conn, name))
         plugin = slot_access.check_plugin(info, "auto")
@@ -99,7 +126,9 @@ def peek(name: str, limit: int | None, publications: tuple[str, ...], as_json: b
         if plugin == "pgoutput" and not publications:
             raise ConfigError("slot uses pgoutput, which needs a publication", "pass --publication NAME")
         options = slot_access.peek_options(plugin, publications=list(publications))
-        rows = slot_access.peek_rows(conn, name, plugin, upto_nchanges=limit, options=options, raw_text=True)
+        watch = CallWatch(tgt, f'the peek of slot "{name}"', _say)
+        rows = slot_access.peek_rows(conn, name, plugin, upto_nchanges=limit, options=options, raw_text=True,
+                                     watch=watch)
         progress = Progress()  # a terminal only: a large backlog takes the server a while
         for count, (lsn, xid, raw) in enumerate(rows):
             if limit is not None and count >= limit:
@@ -137,9 +166,10 @@ def _as_text(data: bytes) -> str | None:
 def advance(name: str, lsn: str, dsn: str | None) -> None:
     """Advance slot NAME to LSN (a no-op when it is already there or past it)."""
     position = Lsn.parse(lsn)
-    conn = connect(target(dsn))
+    tgt = target(dsn)
+    conn = connect(tgt)
     try:
-        result = slot_access.advance_slot(conn, name, position)
+        result = slot_access.advance_slot(conn, name, position, watch=CallWatch(tgt, f'the advance of slot "{name}"', _say))
     finally:
         conn.close()
     if result.moved:

@@ -21,6 +21,7 @@ from pgpoll.cli.output import echo_json, echo_table
 from pgpoll.errors import SlotInvalidatedError
 from pgpoll.observe.status_metrics import status_text
 from pgpoll.source.names import check_slot_name
+from pgpoll.source.slots import SlotInfo
 from pgpoll.status import StatusReport, collect_status
 
 
@@ -49,6 +50,9 @@ def _print_table(report: StatusReport, with_output: bool) -> None:
     headers = ["slot", "plugin", "active_pid", "wal_status", "safe_wal_size", "confirmed_lsn", "lag_bytes", "lag_time"]
     if with_output:
         headers += ["high_water_mark", "position"]
+    failover = any(s.info.failover is not None for s in report.slots)  # PostgreSQL 17+
+    if failover:
+        headers.append("failover")
     headers.append("alerts")
     rows = []
     for s in report.slots:
@@ -56,9 +60,20 @@ def _print_table(report: StatusReport, with_output: bool) -> None:
                           s.info.confirmed_flush_lsn, s.info.lag_bytes, _duration(s.lag_seconds)]
         if with_output:
             row += [s.output.high_water_mark if s.output else None, s.position]
+        if failover:
+            row.append(_failover_cell(s.info))
         row.append(",".join(s.alerts))
         rows.append(row)
     echo_table(headers, rows)
+
+
+def _failover_cell(info: SlotInfo) -> str:
+    """``yes``/``no``, and on a standby whether its synced copy is usable after a promotion (``sync-ready``)."""
+    if not info.failover:
+        return "no"
+    if info.synced:
+        return "synced, sync-ready" if info.sync_ready else "synced, not sync-ready"
+    return "yes"
 
 
 @click.command("status")

@@ -22,13 +22,16 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from pgpoll.decode.pgoutput_columns import PeekChunk
+
+if TYPE_CHECKING:
+    from pgpoll.source.waits import CallWatch
 
 __all__ = ["Chunk", "peek_chunks", "prefetched"]
 
@@ -127,13 +130,15 @@ def peek_chunks(
     rows_per_fetch: int,
     on_xid_reference: Callable[[int], None],
     on_fallback: Callable[[str], None] | None = None,
+    watch: CallWatch | None = None,
 ) -> Iterator[Chunk]:
     """The peek of ``slot`` as :class:`Chunk` s; ``fetch`` is ``"adbc"`` or ``"psycopg2"`` (already chosen).
 
     An ADBC peek that fails before its first row is read again with psycopg2
     (:class:`~pgpoll.source.arrow_peek.FetchUnavailableError`); ``on_fallback``
     hears why. ``upto_lsn`` (a batch's WAL budget, a Spark stream's batch end)
-    stops the decoding after the WAL record that ends there.
+    stops the decoding after the WAL record that ends there. ``watch`` says
+    when the server's decoding waits (:mod:`pgpoll.source.waits`).
     """
     from pgpoll.lsn import Lsn
     from pgpoll.source.arrow_peek import ADBC, FetchUnavailableError, peek_arrow
@@ -146,6 +151,7 @@ def peek_chunks(
         batches = peek_arrow(
             ConnectionTarget(dsn, "task"), slot, plugin, upto_lsn=upto, upto_nchanges=upto_nchanges, options=options,
             application_name=f"pgpoll ingest {slot}", on_first_batch=lambda: on_xid_reference(xid_reference(conn)),
+            watch=watch,
         )
         try:
             yield from prefetched(_arrow_chunks(batches))
@@ -156,7 +162,7 @@ def peek_chunks(
     for rows in psycopg2_chunks(
         conn, slot, plugin, upto_lsn=upto, upto_nchanges=upto_nchanges, options=options, raw_text=True,
         itersize=rows_per_fetch,
-        on_xid_reference=on_xid_reference,
+        on_xid_reference=on_xid_reference, watch=watch,
     ):
         datas = [row[2] for row in rows]
         xids = [row[1] for row in rows]

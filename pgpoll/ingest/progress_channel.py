@@ -38,6 +38,7 @@ class BatchProgress:
     rows: int = 0
     changes: int = 0
     started: float = field(default_factory=time.monotonic)
+    note: str | None = None  # a line the task wants shown as it is (the server call waits: pgpoll.source.waits)
 
     @property
     def seconds(self) -> float:
@@ -109,6 +110,8 @@ class ProgressListener:
             current.phase = str(message.get("phase", current.phase))
             current.rows = int(message.get("rows", current.rows))
             current.changes = int(message.get("changes", current.changes))
+            note = message.get("note")
+            current.note = str(note) if note else None
         try:
             self._on_update(current)
         except Exception:  # display problems never reach the task or the run
@@ -129,6 +132,7 @@ class ProgressReporter:
         self._last = 0.0
         self._sock: socket.socket | None = None
         self._token = address.token if address is not None else ""
+        self._lock = threading.Lock()  # a wait watch reports from its own thread
         if address is not None:
             try:
                 self._sock = socket.create_connection((address.host, address.port), timeout=2.0)
@@ -140,19 +144,24 @@ class ProgressReporter:
         """True while lines can reach the driver (False: nobody listens, or the connection broke)."""
         return self._sock is not None
 
-    def report(self, phase: str, rows: int = 0, changes: int = 0, *, force: bool = False) -> None:
-        """Send the task's state (throttled unless ``force``)."""
-        if self._sock is None:
-            return
-        now = time.monotonic()
-        if not force and now - self._last < self.interval:
-            return
-        self._last = now
-        line = json.dumps({"token": self._token, "batch": self.batch, "phase": phase, "rows": rows, "changes": changes})
-        try:
-            self._sock.sendall(line.encode() + b"\n")
-        except OSError:
-            self.close()
+    def report(self, phase: str, rows: int = 0, changes: int = 0, *, force: bool = False, note: str | None = None) -> None:
+        """Send the task's state (throttled unless ``force``); ``note``: a line for the driver to show as it is."""
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                return
+            now = time.monotonic()
+            if not force and now - self._last < self.interval:
+                return
+            self._last = now
+            message: dict[str, Any] = {"token": self._token, "batch": self.batch, "phase": phase, "rows": rows,
+                                       "changes": changes}
+            if note:
+                message["note"] = note
+            try:
+                sock.sendall(json.dumps(message).encode() + b"\n")
+            except OSError:
+                self.close()
 
     def close(self) -> None:
         """Disconnect."""
@@ -171,6 +180,8 @@ class BatchProgressLog:
         self._logged: dict[int, float] = {}
 
     def __call__(self, progress: BatchProgress) -> None:
+        if progress.note:  # a waiting server call: always said, terminal or not (pgpoll.source.waits)
+            log.warning("batch %d: %s", progress.batch, progress.note)
         text = progress.describe()
         if self._show is not None:
             self._show(text)

@@ -129,6 +129,7 @@ def iter_batch(
     from pgpoll.source.arrow_peek import choose_fetch
     from pgpoll.source.catalog import catalog_table
     from pgpoll.source.connection import ConnectionTarget, connect
+    from pgpoll.source.waits import CallWatch
 
     conn = None
     decode = make_decoder(spec.plugin, spec.proto_version)
@@ -156,6 +157,8 @@ def iter_batch(
             options=list(spec.options), rows_per_fetch=CHUNK_ROWS,
             on_xid_reference=asm.set_xid_reference,  # the assembler widens each committed 32-bit xid with it
             on_fallback=lambda why: _fell_back(outcome, why),
+            watch=CallWatch(ConnectionTarget(spec.dsn, "task"), f'the peek of slot "{spec.slot}"',
+                            lambda text: _waiting(reporter, text, outcome.peeked_rows, asm.changes)),
         )
 
         text_run = decode.text_run if spec.column_inserts else None
@@ -243,6 +246,15 @@ def iter_batch(
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()
+
+
+def _waiting(reporter: ProgressReporter, text: str, rows: int, changes: int) -> None:
+    """A wait of the peek (:mod:`pgpoll.source.waits`): to the driver's stderr, or this process's log without it."""
+    reporter.report("server", rows, changes, note=text, force=True)
+    if not reporter.connected:
+        import logging
+
+        logging.getLogger("pgpoll.ingest").warning("%s", text)
 
 
 def _fell_back(outcome: BatchOutcome, why: str) -> None:

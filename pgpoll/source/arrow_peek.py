@@ -42,6 +42,7 @@ from pgpoll.source.names import sql_literal
 from pgpoll.source.server_errors import translate
 from pgpoll.source.session import pin_settings_sql
 from pgpoll.source.slots import BINARY_PLUGINS
+from pgpoll.source.waits import CallWatch
 
 __all__ = [
     "ADBC", "BATCH_BYTES", "FETCH_ENV", "PSYCOPG2", "FetchUnavailableError", "choose_fetch", "peek_arrow", "requested_fetch",
@@ -178,6 +179,7 @@ def peek_arrow(
     options: list[str],
     application_name: str,
     on_first_batch: Callable[[], None] | None = None,
+    watch: CallWatch | None = None,
 ) -> Generator[pa.RecordBatch, None, None]:
     """The peek's rows as record batches ``lsn int64, xid int64, data`` (``binary`` for pgoutput, else ``string``).
 
@@ -188,7 +190,11 @@ def peek_arrow(
     :func:`pgpoll.source.slots.peek_chunks`). ``on_first_batch`` is called
     once the server has built the peek's whole result (the first batch
     arrived), before it is yielded: the ingest task reads its transaction-id
-    reference then (on its other connection).
+    reference then (on its other connection). ``watch`` watches the server's
+    decoding until the first batch (:mod:`pgpoll.source.waits`): the
+    peek's backend pid is read in its transaction first, and a peek the
+    watch cancelled raises the watch's error, not :class:`FetchUnavailableError`
+    (psycopg2 would only wait again).
     """
     import adbc_driver_postgresql.dbapi as adbc
 
@@ -204,22 +210,38 @@ def peek_arrow(
         set_batch_bytes(cur)
         cur.execute(pin_settings_sql(readonly=True))
         cur.fetchall()
+        if watch is not None:  # the pid in the peek's own transaction, before it (see pgpoll.source.waits)
+            cur.execute("SELECT pg_backend_pid()")
+            watch.start(int(cur.fetchall()[0][0]))
         cur.execute(_peek_query(plugin, slot, upto_lsn, upto_nchanges, options))
         reader: Any = cur.fetch_record_batch()
         for batch in reader:
             converted = _with_int64_ids(batch)  # a form it cannot read fails before the first row: psycopg2 reads it
-            if first and on_first_batch is not None:
-                on_first_batch()
+            if first:
+                _stop(watch)
+                if on_first_batch is not None:
+                    on_first_batch()
             first = False
             yield converted
-        if first and on_first_batch is not None:
-            on_first_batch()
+        if first:
+            _stop(watch)
+            if on_first_batch is not None:
+                on_first_batch()
     except (adbc.Error, OSError, pa.ArrowException) as exc:  # the stream raises Arrow errors, with no SQLSTATE
+        _stop(watch)
+        if watch is not None and watch.verdict is not None:
+            raise watch.verdict from None
         if first:
             raise FetchUnavailableError(redact(str(exc), password)) from None
         raise translate(_ServerError(redact(str(exc), password)), slot=slot) from None
     finally:
+        _stop(watch)
         with contextlib.suppress(Exception):
             conn.rollback()
         with contextlib.suppress(Exception):
             conn.close()
+
+
+def _stop(watch: CallWatch | None) -> None:
+    if watch is not None:
+        watch.stop()

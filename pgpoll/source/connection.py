@@ -68,13 +68,25 @@ class ConnectionTarget:
 
 
 def _from_sqlalchemy(url_text: str) -> str:
+    """A SQLAlchemy URL (``postgresql+driver://...``) as a libpq connection string.
+
+    Several hosts (failover: ``target_session_attrs=read-write``) come in two
+    forms: libpq's own, in the authority (``postgresql+psycopg2://u@a:5432,b:5432/db``),
+    which SQLAlchemy cannot parse and libpq can once the ``+driver`` is gone;
+    and SQLAlchemy's (its psycopg2 dialect's), repeated ``host`` query
+    parameters (``?host=a:5432&host=b:5432``), which a libpq URI would read as
+    one host named ``a:5432``: turned into ``host=a,b port=5432,5432``.
+    """
     # Imported here: SQLAlchemy costs a tenth of a second, and only these URLs need it.
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
+    scheme, _, rest = url_text.partition("://")
+    if scheme.lower().split("+")[0] in ("postgresql", "postgres") and "," in rest.split("/", 1)[0]:
+        return "postgresql://" + rest
     try:
         url = make_url(url_text)
-    except ArgumentError as exc:
+    except (ArgumentError, ValueError) as exc:
         raise ConfigError(
             f"cannot parse connection URL {redact(url_text)!r}",
             "use postgresql://user@host:port/dbname or host=... dbname=...",
@@ -84,6 +96,13 @@ def _from_sqlalchemy(url_text: str) -> str:
             f"connection URL is for {url.get_backend_name()!r}, not PostgreSQL",
             "use a postgresql:// URL",
         )
+    hosts = url.query.get("host")
+    if hosts is not None and not url.host and (isinstance(hosts, tuple) or ":" in hosts):
+        pairs = [h.rsplit(":", 1) if ":" in h else [h, ""] for h in ((hosts,) if isinstance(hosts, str) else hosts)]
+        params: dict[str, str] = {k: v if isinstance(v, str) else v[-1] for k, v in url.query.items() if k != "host"}
+        params.update(host=",".join(h for h, _ in pairs), port=",".join(p for _, p in pairs),
+                      user=url.username or "", password=url.password or "", dbname=url.database or "")
+        return psycopg2.extensions.make_dsn(**{k: v for k, v in params.items() if v.strip(",")})
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 

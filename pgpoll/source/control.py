@@ -34,6 +34,7 @@ from pgpoll.source import slots as slot_access
 from pgpoll.source.connection import ConnectionTarget, connect
 from pgpoll.source.server_errors import is_transient, translate
 from pgpoll.source.session import pinned_transaction
+from pgpoll.source.waits import CallWatch, backend_pid
 
 log = logging.getLogger("pgpoll")
 T = TypeVar("T")
@@ -46,7 +47,9 @@ START_RETRY_SQLSTATES = frozenset({"57P03", "53300"})
 _FLUSH_ARG_SINCE = 170000  # pg_logical_emit_message(..., flush => true): PostgreSQL 17+
 
 
-def write_heartbeat(conn: Any, content: str, *, transactional: bool, slot: str | None = None) -> Lsn:
+def write_heartbeat(
+    conn: Any, content: str, *, transactional: bool, slot: str | None = None, watch: CallWatch | None = None,
+) -> Lsn:
     """Write a ``pgpoll.heartbeat`` message with ``content`` in its own transaction; returns its LSN.
 
     Transactional (the ingest's heartbeat): committed synchronously, so it
@@ -54,7 +57,9 @@ def write_heartbeat(conn: Any, content: str, *, transactional: bool, slot: str |
     transaction. Not transactional (a Spark run's end, see
     :func:`pgpoll.source.commit_boundaries.mark_boundary`): decoded as written,
     flushed by the call from PostgreSQL 17 (``flush => true``); below 17 the
-    WAL writer flushes it within ``wal_writer_delay``.
+    WAL writer flushes it within ``wal_writer_delay``. ``watch`` reports a
+    wait (a synchronous commit waiting for a ``synchronous_standby_names``
+    standby: :mod:`pgpoll.source.waits`).
     """
     if transactional:
         sql = "SELECT pg_logical_emit_message(true, %s, %s)::text"
@@ -66,10 +71,16 @@ def write_heartbeat(conn: Any, content: str, *, transactional: bool, slot: str |
         with pinned_transaction(conn, readonly=False) as cur:
             if transactional:
                 cur.execute("SET LOCAL synchronous_commit = on")
+            if watch is not None:  # watched through the commit, where a synchronous standby is waited for
+                watch.start(backend_pid(cur))
             cur.execute(sql, (HEARTBEAT_PREFIX, content))
-            return Lsn.parse(cur.fetchone()[0])
+            lsn = Lsn.parse(cur.fetchone()[0])
+        return lsn
     except psycopg2.Error as exc:
         raise translate(exc, slot=slot) from None
+    finally:
+        if watch is not None:
+            watch.stop()
 
 
 def _reason(exc: BaseException | None) -> str:
@@ -165,12 +176,14 @@ class ControlConnection:
 
     def advance(self, lsn: Lsn) -> slot_access.AdvanceResult:
         """Advance the slot (idempotent; read and advance in one transaction)."""
-        return self.call(lambda c: slot_access.advance_slot(c, self.slot, lsn))
+        watch = CallWatch(self.target, f'the advance of slot "{self.slot}"')  # a failover slot's advance can wait
+        return self.call(lambda c: slot_access.advance_slot(c, self.slot, lsn, watch=watch))
 
     def emit_heartbeat(self, run_id: str) -> Lsn:
         """Write a transactional heartbeat message, committed synchronously; returns its LSN."""
         content = json.dumps({"run": run_id, "at": datetime.now(UTC).isoformat()})
-        return self.call(lambda conn: write_heartbeat(conn, content, transactional=True, slot=self.slot))
+        watch = CallWatch(self.target, f'the heartbeat of slot "{self.slot}"')
+        return self.call(lambda conn: write_heartbeat(conn, content, transactional=True, slot=self.slot, watch=watch))
 
     def wal_lag(self) -> int | None:
         """Bytes between the current WAL end and the slot's confirmed position."""

@@ -25,9 +25,11 @@ import psycopg2.extensions
 
 from pgpoll.errors import ConfigError, SlotInvalidatedError, SlotNotFoundError, WrongPluginError
 from pgpoll.lsn import Lsn, lsn_or_none
+from pgpoll.source.failover import FAILOVER_SINCE, slot_columns_sql
 from pgpoll.source.names import check_slot_name, double_quote
 from pgpoll.source.server_errors import translate
 from pgpoll.source.session import pinned_transaction
+from pgpoll.source.waits import CallWatch, watched
 
 PLUGINS = ("test_decoding", "pgoutput")
 _make_lsn = int.__new__  # the server's LSNs need no range check
@@ -50,6 +52,12 @@ class SlotInfo:
     safe_wal_size: int | None
     lag_bytes: int | None
     two_phase: bool = False
+    # PostgreSQL 17+ (None before: pgpoll.source.failover); sync_ready is known on a standby only
+    failover: bool | None = None
+    synced: bool | None = None
+    sync_ready: bool | None = None
+    invalidation_reason: str | None = None
+    conflicting: bool | None = None  # PostgreSQL 16+
 
     @property
     def safe_wal_size_shown(self) -> int | str | None:
@@ -76,16 +84,26 @@ class SlotInfo:
             "safe_wal_size": self.safe_wal_size,
             "lag_bytes": self.lag_bytes,
             "two_phase": self.two_phase,
+            "failover": self.failover,
+            "synced": self.synced,
+            "sync_ready": self.sync_ready,
+            "invalidation_reason": self.invalidation_reason,
+            "conflicting": self.conflicting,
         }
 
 
 _SLOT_QUERY = """
 SELECT slot_name, plugin, slot_type, database, active, active_pid,
        restart_lsn::text, confirmed_flush_lsn::text, wal_status, safe_wal_size,
-       pg_wal_lsn_diff(pg_current_wal_lsn(), coalesce(confirmed_flush_lsn, restart_lsn))::bigint,
-       two_phase
+       pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END,
+                       coalesce(confirmed_flush_lsn, restart_lsn))::bigint,
+       two_phase, {failover_columns}
 FROM pg_replication_slots
 """
+
+
+def _slot_query(conn: Any) -> str:
+    return _SLOT_QUERY.format(failover_columns=slot_columns_sql(conn.server_version))
 
 
 def _row_to_info(row: tuple[Any, ...]) -> SlotInfo:
@@ -102,6 +120,11 @@ def _row_to_info(row: tuple[Any, ...]) -> SlotInfo:
         safe_wal_size=row[9],
         lag_bytes=row[10],
         two_phase=bool(row[11]),
+        failover=row[12],
+        synced=row[13],
+        sync_ready=row[14],
+        invalidation_reason=row[15],
+        conflicting=row[16],
     )
 
 
@@ -109,14 +132,14 @@ def list_slots(conn: Any) -> list[SlotInfo]:
     """Every replication slot on the server, by name."""
     try:
         with pinned_transaction(conn) as cur:
-            cur.execute(_SLOT_QUERY + " ORDER BY slot_name")
+            cur.execute(_slot_query(conn) + " ORDER BY slot_name")
             return [_row_to_info(r) for r in cur.fetchall()]
     except psycopg2.Error as exc:
         raise translate(exc) from None
 
 
 def _read_slot(cur: Any, name: str) -> SlotInfo:
-    cur.execute(_SLOT_QUERY + " WHERE slot_name = %s", (name,))
+    cur.execute(_slot_query(cur.connection) + " WHERE slot_name = %s", (name,))
     row = cur.fetchone()
     if row is None:
         raise SlotNotFoundError(
@@ -168,19 +191,28 @@ def check_plugin(info: SlotInfo, plugin: str) -> str:
     return plugin
 
 
-def create_slot(conn: Any, name: str, plugin: str, *, two_phase: bool = False) -> SlotInfo:
-    """Create a logical slot; returns its row."""
+def create_slot(
+    conn: Any, name: str, plugin: str, *, two_phase: bool = False, failover: bool = False, watch: CallWatch | None = None,
+) -> SlotInfo:
+    """Create a logical slot; returns its row.
+
+    ``failover`` (PostgreSQL 17+; :class:`ConfigError` before) makes a slot
+    that a standby with ``sync_replication_slots`` keeps a copy of. The
+    creation waits for every transaction running when it starts to end (its
+    first snapshot), so it runs in a transaction of its own that first names
+    its backend to ``watch`` (:mod:`pgpoll.source.waits`).
+    """
     check_slot_name(name)
     if plugin not in PLUGINS:
         raise ConfigError(f"unknown plugin {plugin!r}", "use --plugin pgoutput or --plugin test_decoding")
+    if failover and conn.server_version < FAILOVER_SINCE:
+        version = conn.get_parameter_status("server_version") or str(conn.server_version)
+        raise ConfigError(f"failover slots need PostgreSQL 17 or later; this server is {version}",
+                          "create the slot without --failover (a failover then loses it), or upgrade the server")
     try:
-        with conn.cursor() as cur:
-            if two_phase:
-                cur.execute(
-                    "SELECT 1 FROM pg_create_logical_replication_slot(%s, %s, false, true)", (name, plugin)
-                )
-            else:
-                cur.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, %s)", (name, plugin))
+        with pinned_transaction(conn, readonly=False) as cur, watched(watch, cur):
+            cur.execute("SELECT 1 FROM pg_create_logical_replication_slot(%s, %s, false, %s"
+                        + (", true)" if failover else ")"), (name, plugin, two_phase))
     except psycopg2.Error as exc:
         raise translate(exc, slot=name) from None
     return get_slot(conn, name)
@@ -215,13 +247,14 @@ class AdvanceResult:
     moved: bool
 
 
-def advance_slot(conn: Any, name: str, target: Lsn) -> AdvanceResult:
+def advance_slot(conn: Any, name: str, target: Lsn, *, watch: CallWatch | None = None) -> AdvanceResult:
     """Move ``confirmed_flush_lsn`` to ``target``; idempotent.
 
     A target at or below the slot's confirmed position is a successful no-op
     (PostgreSQL itself raises an error for a target below it). A target past
     the end of WAL is clamped by the server. The slot is read and advanced in
-    one transaction.
+    one transaction. ``watch`` reports a wait of the advance (a failover
+    slot's waits for its standbys: :mod:`pgpoll.source.waits`).
     """
     if int(target) == 0:
         raise ConfigError("cannot advance a slot to 0/0", "give an LSN after the slot's position")
@@ -233,8 +266,9 @@ def advance_slot(conn: Any, name: str, target: Lsn) -> AdvanceResult:
             before = info.confirmed_flush_lsn
             if before is not None and target <= before:
                 return AdvanceResult(name, target, before, before, False)
-            cur.execute("SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)", (name, str(target)))
-            row = cur.fetchone()
+            with watched(watch, cur):
+                cur.execute("SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)", (name, str(target)))
+                row = cur.fetchone()
     except psycopg2.Error as exc:
         if "minimum is" in (getattr(exc, "pgerror", "") or ""):  # moved past target meanwhile
             after = get_slot(conn, name).confirmed_flush_lsn
@@ -279,6 +313,7 @@ def peek_rows(
     itersize: int = 10000,
     raw_text: bool = False,
     on_xid_reference: Callable[[int], None] | None = None,
+    watch: CallWatch | None = None,
 ) -> Generator[tuple[Lsn, int | None, Any], None, None]:
     """Stream ``(lsn, xid, data)`` rows of a peek through a server-side cursor.
 
@@ -302,7 +337,7 @@ def peek_rows(
     """
     for chunk in peek_chunks(
         conn, name, plugin, upto_lsn=upto_lsn, upto_nchanges=upto_nchanges, options=options, itersize=itersize,
-        raw_text=raw_text, on_xid_reference=on_xid_reference,
+        raw_text=raw_text, on_xid_reference=on_xid_reference, watch=watch,
     ):
         for lsn, xid, data in chunk:
             yield _make_lsn(Lsn, lsn), xid, data
@@ -319,12 +354,14 @@ def peek_chunks(
     itersize: int = 10000,
     raw_text: bool = False,
     on_xid_reference: Callable[[int], None] | None = None,
+    watch: CallWatch | None = None,
 ) -> Generator[list[tuple[int, int | None, Any]], None, None]:
     """:func:`peek_rows` a fetch at a time: lists of up to ``itersize`` rows, each LSN a plain ``int``.
 
     The ingest task's way in: no Python code runs per row here (the server
     gives each LSN as a number, ``lsn - '0/0'``, which psycopg2 reads in C),
-    and the caller can decode a whole fetch at once.
+    and the caller can decode a whole fetch at once. ``watch`` reports a
+    wait of the server's decoding (:mod:`pgpoll.source.waits`).
     """
     func = "pg_logical_slot_peek_binary_changes" if plugin in BINARY_PLUGINS else "pg_logical_slot_peek_changes"
     placeholders = ", ".join(["%s"] * len(options))
@@ -339,8 +376,9 @@ def peek_chunks(
                 pinned_transaction(conn) as pinned, conn.cursor(name="pgpoll_peek") as cur:
             if raw_text:
                 psycopg2.extensions.register_type(psycopg2.extensions.BYTES, cur)
-            cur.execute(query, params)
-            chunk = cur.fetchmany(itersize)  # the server decodes the whole peek here
+            with watched(watch, pinned):
+                cur.execute(query, params)
+                chunk = cur.fetchmany(itersize)  # the server decodes the whole peek here
             if on_xid_reference is not None:
                 pinned.execute(_XID_REFERENCE)
                 on_xid_reference(int(pinned.fetchone()[0]))

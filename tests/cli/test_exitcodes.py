@@ -24,6 +24,7 @@ EXPECTED = {
     errors.SlotExistsError: exitcodes.SOURCE,
     errors.SlotMovedError: exitcodes.SOURCE,  # a Spark stream's slot moved past its batch start
     errors.SlotGapError: exitcodes.SOURCE,  # the slot and the output disagree (pgpoll.source.slot_gap)
+    errors.StandbyWaitError: exitcodes.SOURCE,  # a failover slot's wait cancelled (pgpoll.source.waits)
     errors.ConnectionFailedError: exitcodes.SOURCE,
     errors.SinkError: exitcodes.SINK,
     errors.DecodeError: exitcodes.DECODE,

@@ -30,6 +30,10 @@ def test_slot_lifecycle_create_list_peek_advance_drop(db_any: Any, pgpoll: Any, 
 
     (listed,) = [o for o in lines(pgpoll("slot", "list", "--json", "--dsn", dsn).stdout) if o["slot"] == name]
     assert listed["plugin"] == plugin and listed["wal_status"] == "reserved" and listed["lag_bytes"] > 0
+    # the columns each version has (pgpoll.source.failover): failover and synced from 17, conflicting from 16
+    assert (listed["failover"], listed["synced"], listed["sync_ready"], listed["invalidation_reason"]) == (
+        (False, False, None, None) if db_any.major >= 17 else (None, None, None, None))
+    assert listed["conflicting"] == (False if db_any.major >= 16 else None)
 
     peek_args = ["slot", "peek", name, "--json", "--dsn", dsn, "--publication", "t_pub"]
     if plugin == "test_decoding":

@@ -126,8 +126,9 @@ def test_list_table_shows_plugin_active_lsns_wal_status_lag_and_safe_wal_size(db
     result = pgpoll("slot", "list", "--dsn", db.dsn)
     assert result.exit_code == 0
     header, *rows = result.stdout.splitlines()
+    failover = ["failover", "synced", "sync_ready"] if db.major >= 17 else []  # PostgreSQL 17+ only
     assert header.split() == ["slot", "plugin", "database", "active", "restart_lsn", "confirmed_lsn",
-                              "wal_status", "lag_bytes", "safe_wal_size"]
+                              "wal_status", "lag_bytes", "safe_wal_size", *failover, "invalidated"]
     mine = [r.split() for r in rows if r.split()[0] == td_slot]
     assert len(mine) == 1
     server = slot_row(db, td_slot)

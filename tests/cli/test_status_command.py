@@ -19,6 +19,7 @@ from tests.ingest.conftest import Capture, confirmed_lsn, ingest, make_capture
 STATUS_FIELDS = {
     "slot", "plugin", "database", "active", "active_pid", "wal_status", "safe_wal_size", "restart_lsn",
     "confirmed_flush_lsn", "current_lsn", "lag_bytes", "lag_seconds", "lag_basis", "checked_at", "alerts",
+    "failover", "synced", "sync_ready", "invalidation_reason", "conflicting",  # None where the server lacks them
 }
 OUTPUT_FIELDS = {
     "output", "output_records", "output_rows", "high_water_mark", "last_commit_ts", "last_committed_at",
