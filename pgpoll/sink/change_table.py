@@ -138,9 +138,8 @@ class ChangeTable:
             done = self.added()
             if done >= state.head:
                 return added
-            cp = state.checkpoint
-            records = commit_log.records() if cp is not None and done < cp.seq else list(state.tail)
-            todo = [r for r in records if r.seq > done and r.partition]
+            # the records the Delta log lacks, read by name: as many as it lags, not the history
+            todo = [r for r in commit_log.records_after(done, state) if r.partition]
             if not todo:
                 return added
             todo = [self._sized(r) for r in todo]
@@ -262,11 +261,8 @@ def committed_files(fs: OutputFs) -> list[tuple[str, str, int]]:
             partition, _sep, name = str(action["path"]).partition("/")
             found.append((partition, name, int(action["size_bytes"])))
         found.sort()
-    state = commit_log.state()
-    cp = state.checkpoint
-    records = commit_log.records() if cp is not None and done < cp.seq else list(state.tail)
-    for record in records:
-        if record.seq > done and record.partition:
+    for record in commit_log.records_after(done):
+        if record.partition:
             sized = table._sized(record)
             found += [(record.partition, name, int(sized.file_sizes.get(name, 0))) for name in sized.files]
     return found
