@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -219,8 +220,15 @@ class CommitLog:
 
     def records(self) -> list[CommitRecord]:
         """Every record (version 1 and 2), in ``seq`` order: the whole history, read file by file."""
+        return list(self.iter_records())
+
+    def iter_records(self) -> Iterator[CommitRecord]:
+        """Every record, in ``seq`` order, each read when it is asked for (``batches --all`` streams them)."""
         v1, v2 = self._names()
-        return [self._read(n, i) for i, n in enumerate(v1, start=1)] + [self._read(v2[s], s) for s in sorted(v2)]
+        for i, name in enumerate(v1, start=1):
+            yield self._read(name, i)
+        for seq in sorted(v2):
+            yield self._read(v2[seq], seq)
 
     def read(self, seq: int) -> CommitRecord:
         """Version-2 record ``seq``, by its name (no listing); :class:`SinkError` when it is absent."""
