@@ -64,6 +64,7 @@ from pgpoll.materialize.state_log import STATE_FILE as STATE_FILE  # (imported f
 from pgpoll.materialize.table_pool import run_in_order
 from pgpoll.materialize.visibility import SnapshotFilter
 from pgpoll.sink import layout
+from pgpoll.sink.commit.history import History
 from pgpoll.sink.commit.log import CommitLog, CommitRecord
 from pgpoll.sink.stores.filesystem import check_readable, check_writable, needs_spark, open_output
 from pgpoll.sink.typed_tables import SchemaStore, load_ledger
@@ -189,32 +190,33 @@ class Materializer(ParquetState):
         if not has_log and not snapshotted:
             raise SinkError(f"{self.opts.output} holds no pgpoll output (no commit log)",
                             "run pgpoll ingest --typed-tables --output PATH first, or check the path")
-        records = CommitLog(self.fs).records() if has_log else []
-        self.high_water = max((r.end_lsn for r in records), default=None)
-        names = sorted({t for r in records for t in r.tables} | snapshotted)
+        # the commit log's state, not its records: each table reads only the records after its position
+        history = History(CommitLog(self.fs) if has_log else None)
+        self.high_water = history.high_water_mark
+        names = sorted(history.table_dirs() | snapshotted)
         if not names:
             raise SinkError(f"{self.opts.output} has no typed tables",
                             "ingest with --typed-tables (changes written before that are in changes/ only)")
         with DestLease(self.dest, run=uuid.uuid4().hex[:12]):  # one materialize per DEST (exit 3 at once)
-            return self._run_tables(records, names)
+            return self._run_tables(history, names)
 
-    def _run_tables(self, records: list[CommitRecord], names: list[str]) -> list[TableState]:
+    def _run_tables(self, history: History, names: list[str]) -> list[TableState]:
         for name, is_dir, _ in self.dest.list(self.dest.path("")):
             if is_dir and SCRATCH in name and stale_scratch(self.dest, name):
                 self.dest.delete(self.dest.path(name))
         selected = [(n, p) for n in names if (p := layout.parse_table_dir_name(n)) is not None and self.filter.accepts(*p)]
         try:  # a few tables at once, results and errors as one by one (pgpoll.materialize.table_pool)
-            return run_in_order([functools.partial(self._one_table, n, p, records) for n, p in selected])
+            return run_in_order([functools.partial(self._one_table, n, p, history) for n, p in selected])
         finally:
             if self._case_saved is not None:
                 self._spark.conf.set(_CASE_SENSITIVE, self._case_saved)
 
-    def _one_table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
+    def _one_table(self, name: str, parsed: tuple[str, str], history: History) -> TableState:
         if self.stop is not None and self.stop.requested:
             raise StopRequestedError()  # between tables: every state written so far is whole
-        return self._table(name, parsed, [r for r in records if name in r.tables])
+        return self._table(name, parsed, history)
 
-    def _table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
+    def _table(self, name: str, parsed: tuple[str, str], history: History) -> TableState:
         qualified = f"{parsed[0]}.{parsed[1]}"
         target = self.dest.path(name)
         snap = self.snapshots.latest(*parsed)
@@ -228,7 +230,7 @@ class Materializer(ParquetState):
             self.rebuilt.add(name)
         snapshot_info = snapshot_json(snap, self.high_water)
         position = Lsn.parse(marker["position"]) if marker else None
-        todo = [r for r in records if position is None or r.end_lsn > position]
+        todo = history.after(position, name)  # the table's records after the position (all: a rebuild)
         if marker and not todo:
             return TableState(qualified, target, int(marker.get("rows", 0)), marker["position"], "unchanged",
                               snapshot=snapshot_info)
@@ -262,7 +264,7 @@ class Materializer(ParquetState):
             )
         for w in warnings:
             log.warning("%s", w)
-        end = (todo[-1] if todo else records[-1]).end if records else (marker["position"] if marker else "0/0")
+        end = todo[-1].end if todo else (marker["position"] if marker else "0/0")
         meta: dict[str, Any] = {"position": end, "schema_id": computed.described.schema_id, "table": qualified}
         if snap is not None:
             meta["snapshot_id"] = snap.snapshot_id

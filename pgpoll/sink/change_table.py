@@ -131,15 +131,16 @@ class ChangeTable:
         if not self.enabled:
             return []
         state = state or commit_log.state()
-        if self._done is not None and self._done >= state.head:
+        newest = state.newest_data()  # heartbeats after it add nothing: never read them
+        if self._done is not None and self._done >= newest:
             return []
         added: list[int] = []
         for _attempt in range(_ATTEMPTS):
             done = self.added()
-            if done >= state.head:
+            if done >= newest:
                 return added
             # the records the Delta log lacks, read by name: as many as it lags, not the history
-            todo = [r for r in commit_log.records_after(done, state) if r.partition]
+            todo = [r for r in commit_log.records_after(done, replace(state, head=newest)) if r.partition]
             if not todo:
                 return added
             todo = [self._sized(r) for r in todo]
@@ -261,7 +262,8 @@ def committed_files(fs: OutputFs) -> list[tuple[str, str, int]]:
             partition, _sep, name = str(action["path"]).partition("/")
             found.append((partition, name, int(action["size_bytes"])))
         found.sort()
-    for record in commit_log.records_after(done):
+    state = commit_log.state()
+    for record in commit_log.records_after(done, replace(state, head=max(done, state.newest_data()))):
         if record.partition:
             sized = table._sized(record)
             found += [(record.partition, name, int(sized.file_sizes.get(name, 0))) for name in sized.files]

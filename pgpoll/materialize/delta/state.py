@@ -57,7 +57,7 @@ from pgpoll.materialize.state import StateColumn
 from pgpoll.materialize.task_files import write_frame
 from pgpoll.sink import layout
 from pgpoll.sink.change_table import delta_location
-from pgpoll.sink.commit.log import CommitRecord
+from pgpoll.sink.commit.history import History
 from pgpoll.sink.stores.filesystem import local_path
 from pgpoll.typed.rows import quote
 
@@ -131,8 +131,8 @@ class DeltaMaterializer(Materializer):
             return DeltaStateTable(delta_uri(self.dest.path(name)), self.app)
         return DeltaStateTable(found[0], self.app, found[1])
 
-    def _table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
-        state = super()._table(name, parsed, records)
+    def _table(self, name: str, parsed: tuple[str, str], history: History) -> TableState:
+        state = super()._table(name, parsed, history)
         state.format = "delta"
         state.version = self._versions.get(name)
         return DeltaTableState(**{f.name: getattr(state, f.name) for f in fields(state)}, files=self._files.get(name))
@@ -338,7 +338,7 @@ class DeltaMaterializer(Materializer):
         if not landed:
             self.dest.delete(where)
 
-    def _run_tables(self, records: list[CommitRecord], names: list[str]) -> list[TableState]:
+    def _run_tables(self, history: History, names: list[str]) -> list[TableState]:
         # delta-rs 1.6 decodes %XX in a table's location when it reads (not when it writes): refuse such paths
         selected = [n for n in names if (p := layout.parse_table_dir_name(n)) is not None and self.filter.accepts(*p)]
         odd = [n for n in selected if "%" in delta_uri(self.dest.path(n))]
@@ -349,7 +349,7 @@ class DeltaMaterializer(Materializer):
                 "schema and table names as %XX)",
                 "leave these tables out with --exclude-tables, choose a --to without '%', or use --format parquet",
             )
-        return super()._run_tables(records, names)
+        return super()._run_tables(history, names)
 
     def _data_files(self, where: str, run_dir: str, stat_columns: list[str]) -> list[DataFile]:
         """The Parquet files Spark wrote under ``where``, with their sizes and statistics.

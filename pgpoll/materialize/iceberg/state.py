@@ -60,7 +60,7 @@ from pgpoll.materialize.iceberg.types import iceberg_type, same_type, to_state_t
 from pgpoll.materialize.run import MaterializeOptions, Materializer, TableState, _align
 from pgpoll.materialize.state import StateColumn
 from pgpoll.sink import layout
-from pgpoll.sink.commit.log import CommitRecord
+from pgpoll.sink.commit.history import History
 from pgpoll.sink.stores.filesystem import local_path
 
 log = logging.getLogger("pgpoll.materialize")
@@ -110,8 +110,8 @@ class IcebergMaterializer(Materializer):
             raise ConfigError(f"{name} is no table name", "check the output")
         return IcebergStateTable(self.catalog, identifier(*parsed), self.fs.root)
 
-    def _table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
-        state = super()._table(name, parsed, records)
+    def _table(self, name: str, parsed: tuple[str, str], history: History) -> TableState:
+        state = super()._table(name, parsed, history)
         state.format = "iceberg"
         state.path = self._locations.get(name, state.path)
         return IcebergTableState(**{f.name: getattr(state, f.name) for f in fields(state)}, catalog=describe(self.catalog),

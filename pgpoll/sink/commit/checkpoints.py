@@ -50,7 +50,9 @@ class Checkpoint:
     or after the newest one that names it, and that record's ``end`` (exact
     for records folded by this version; for tables folded from an older
     checkpoint the older checkpoint's own ``seq`` and high-water mark, an upper
-    bound that is just as safe to search below). ``partitions`` lists
+    bound that is just as safe to search below). ``data_seq`` is the newest
+    record that wrote rows (0: none), so that the change table's Delta log
+    knows it lacks nothing without reading the heartbeats after it. ``partitions`` lists
     ``[partition, [typed table, ...]]`` of every record that wrote rows, in
     order, only in checkpoints written before 0.3 (None in newer ones: the
     records hold them). ``v1_records`` says how many of the records are
@@ -64,6 +66,7 @@ class Checkpoint:
     bytes: int
     slots: list[str]
     tables: dict[str, list[Any]] | None = None
+    data_seq: int | None = None
     partitions: list[list[Any]] | None = None
     last_commit_ts: str | None = None
     last_committed_at: str | None = None
@@ -88,6 +91,12 @@ class Checkpoint:
             raise ValueError("a checkpoint with neither tables nor partitions")
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    def newest_data(self) -> int:
+        """``data_seq``; for an older checkpoint its own ``seq`` when it lists a partition (an upper bound)."""
+        if self.data_seq is not None:
+            return self.data_seq
+        return self.seq if self.partitions else 0
 
     def table_index(self) -> dict[str, tuple[int, str]]:
         """``tables`` as ``{table directory: (seq, end)}``; for an older checkpoint derived from ``partitions``."""
@@ -149,6 +158,13 @@ class LogState:
         out = [(str(p[0]), list(p[1])) for p in cp.partitions or []] if cp else []
         return out + [(r.partition, list(r.tables)) for r in self.tail if r.partition]
 
+    def newest_data(self) -> int:
+        """The newest record that wrote rows, or one after it (0: none): what the change table's Delta log needs."""
+        found = [r.seq for r in self.tail if r.partition]
+        if found:
+            return max(found)
+        return self.checkpoint.newest_data() if self.checkpoint is not None else 0
+
     def table_index(self) -> dict[str, tuple[int, str]]:
         """Each typed table directory: ``(seq, end)`` of a record at or after the newest that names it."""
         index = self.checkpoint.table_index() if self.checkpoint is not None else {}
@@ -171,6 +187,7 @@ class LogState:
             records=(cp.records if cp else 0) + len(records), rows=(cp.rows if cp else 0) + sum(r.rows for r in records),
             bytes=(cp.bytes if cp else 0) + sum(r.bytes for r in records),
             tables={t: [s, e] for t, (s, e) in sorted(replace(self, tail=tuple(records)).table_index().items())},
+            data_seq=replace(self, tail=tuple(records)).newest_data(),
             slots=sorted(set(cp.slots if cp else []) | {r.slot for r in records}),
             last_commit_ts=last_ts, last_committed_at=last_at, run=run,
             v1_records=len(self.v1_names) if self.listed or cp is None else cp.v1_records,
