@@ -94,6 +94,12 @@ class CommitRecord:
     publications: list[str] = field(default_factory=list)
     in_place: bool = False
     """The files were written at their final place before the record (object stores): nothing to move."""
+    prev_rows: int | None = None
+    """The newest earlier record that wrote rows (0: none; None: written before 0.3, unknown)."""
+    prev_tables: dict[str, int] | None = None
+    """Each typed table of ``tables``: the newest earlier record naming it (0: none; None: before 0.3). With
+    ``prev_rows`` a chain back through the history that skips heartbeats and other tables' batches, so that
+    ``materialize`` and the change table read only the records they apply (:mod:`pgpoll.sink.commit.history`)."""
     name: str = field(default="", compare=False)
 
     @property
