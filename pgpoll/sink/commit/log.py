@@ -370,10 +370,12 @@ class CommitLogSummary:
     fenced: bool = True
 
 
-def summarize(output: str, fs: OutputFs | None = None) -> CommitLogSummary:
-    """High-water mark, newest commit time and totals of the commit log under ``output`` (no JVM)."""
-    fs = fs or open_output(output)
-    state = CommitLog(fs).state()
+def summarize(output: str, fs: OutputFs | None = None, commit_log: CommitLog | None = None) -> CommitLogSummary:
+    """High-water mark, newest commit time and totals of the commit log under ``output`` (no JVM); ``commit_log``
+    when the caller reads more of it (its records are read once)."""
+    commit_log = commit_log or CommitLog(fs or open_output(output))
+    fs = commit_log.fs
+    state = commit_log.state()
     fold = state.fold(state.head)
     return CommitLogSummary(
         output=output,
