@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from pgpoll.errors import ConfigError, SinkError
+from pgpoll.errors import ConfigError, SinkError, first_line
 from pgpoll.lsn import Lsn
 from pgpoll.materialize.change_summary import identity_segments, replay_key
 from pgpoll.materialize.delta import files as delta_files
@@ -52,6 +52,7 @@ from pgpoll.materialize.driver.state import (
     same_type,
     touched_key_values,
 )
+from pgpoll.materialize.maintenance import due
 from pgpoll.materialize.run import STATE_FILE, MaterializeOptions, Materializer, TableState, _align
 from pgpoll.materialize.state import StateColumn
 from pgpoll.materialize.task_files import write_frame
@@ -133,8 +134,16 @@ class DeltaMaterializer(Materializer):
 
     def _table(self, name: str, parsed: tuple[str, str], history: History) -> TableState:
         state = super()._table(name, parsed, history)
+        before = self._pins[name].version if name in self._pins else None  # the version this run read
         state.format = "delta"
         state.version = self._versions.get(name)
+        retention = self.opts.state_retention_hours
+        if retention is not None and state.version is not None and due(before, state.version):
+            try:  # under the destination lease: the only writer of this table now
+                state.maintenance = self.delta_table(name).maintain(retention)
+            except Exception as exc:  # the state is committed; maintenance is retried at the next crossing
+                state.warnings.append(f"{state.table}: maintenance failed ({first_line(exc)}); fix: check the "
+                                      "destination, or turn it off with --state-retention off")
         return DeltaTableState(**{f.name: getattr(state, f.name) for f in fields(state)}, files=self._files.get(name))
 
     def _read_marker(self, name: str) -> dict[str, Any] | None:

@@ -247,6 +247,17 @@ class DeltaStateTable:
         return pinned.version + 1
 
 
+    def maintain(self, retention_hours: float) -> dict[str, Any]:
+        """Checkpoint the newest version, clean up expired log files and vacuum the files no version within
+        ``retention_hours`` needs (:mod:`pgpoll.materialize.maintenance`); what was done, for the summary."""
+        table = self._open()
+        table.create_checkpoint()
+        checkpoint = int(table.version())
+        table.cleanup_metadata()
+        removed = table.vacuum(retention_hours=int(retention_hours), dry_run=False, enforce_retention_duration=False)
+        return {"checkpoint": checkpoint, "vacuumed_files": len(removed), "retention_hours": retention_hours}
+
+
 def footer_files(directory: str, prefix: str, stat_columns: Sequence[str], fs: Any = None) -> list[DataFile]:
     """The Parquet files in ``directory`` (of ``fs``, an OutputFs; None: a local directory) as :class:`DataFile`
     (paths ``prefix/<file>``), from their footers.
