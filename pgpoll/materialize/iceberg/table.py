@@ -161,7 +161,11 @@ class IcebergStateTable:
         if table is None:
             return {"expired_snapshots": 0, "retention_hours": retention_hours}
         before = len(table.metadata.snapshots)
-        table.maintenance.expire_snapshots().older_than(datetime.now(UTC) - timedelta(hours=retention_hours)).commit()
+        cutoff = datetime.now(UTC) - timedelta(hours=retention_hours)
+        current = table.metadata.current_snapshot_id
+        if not any(s.timestamp_ms < cutoff.timestamp() * 1000 and s.snapshot_id != current for s in table.metadata.snapshots):
+            return {"expired_snapshots": 0, "snapshots": before, "retention_hours": retention_hours}  # no commit
+        table.maintenance.expire_snapshots().older_than(cutoff).commit()
         after = self.load()
         left = len(after.metadata.snapshots) if after is not None else before
         return {"expired_snapshots": before - left, "snapshots": left, "retention_hours": retention_hours}
