@@ -36,6 +36,7 @@ Three guarantees, all resting on the Delta log's own atomic create of
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -254,7 +255,8 @@ class DeltaStateTable:
         table.create_checkpoint()
         checkpoint = int(table.version())
         table.cleanup_metadata()
-        removed = table.vacuum(retention_hours=int(retention_hours), dry_run=False, enforce_retention_duration=False)
+        hours = math.ceil(retention_hours)  # delta-rs takes whole hours: never sooner than asked
+        removed = table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False)
         return {"checkpoint": checkpoint, "vacuumed_files": len(removed), "retention_hours": retention_hours}
 
 
