@@ -81,9 +81,9 @@ class CaughtUp:
     counts: dict[str, list[int]]
 
 
-def last_caught_up(output: str) -> CaughtUp | None:
+def last_caught_up(output: str, commit_log: CommitLog | None = None) -> CaughtUp | None:
     """The write counters recorded by the newest run that caught up (None: no such record since the checkpoint)."""
-    state = CommitLog(open_output(output)).state()
+    state = (commit_log or CommitLog(open_output(output))).state()
     for record in reversed(state.tail):
         stats = record.table_stats
         if stats and isinstance(stats.get("tables"), dict) and stats.get("read_at"):
@@ -269,12 +269,13 @@ def collect_status(
     """
     if output is not None:
         check_readable(open_output(output))  # an unreachable store, a wrong secret: exit 5 in seconds
-    log_summary = summarize(output) if output is not None else None
+    commit_log = CommitLog(open_output(output)) if output is not None else None  # its records read once
+    log_summary = summarize(output, commit_log=commit_log) if output is not None else None
     wanted = _output_slot(log_summary, slot) if log_summary is not None else slot
     notes: list[str] = []
     if log_summary is not None and slot is not None and log_summary.slots and slot not in log_summary.slots:
         notes.append(f"the output's commit log names slot(s) {', '.join(log_summary.slots)}, not {slot}")
-    caught_up = last_caught_up(output) if output is not None else None
+    caught_up = last_caught_up(output, commit_log) if output is not None else None
     conn = connect(target, application_name="pgpoll status")
     try:
         state = read_server_state(conn, wanted)

@@ -15,6 +15,7 @@ from pgpoll.cli.options import csv_values, pushgateway_option
 from pgpoll.materialize.delta.state import DeltaMaterializer
 from pgpoll.materialize.driver.run import requested_engine
 from pgpoll.materialize.iceberg.state import IcebergMaterializer
+from pgpoll.materialize.maintenance import DEFAULT_RETENTION, parse_retention
 from pgpoll.materialize.run import MaterializeOptions, Materializer, TableState, run_materialize
 from pgpoll.spark.session import debug_requested
 from pgpoll.stopping import StopRequest
@@ -53,19 +54,29 @@ def summary_json(status: str, exit_code: int, states: list[TableState], seconds:
 @click.option("--catalog", default=None, metavar="NAME", envvar="PGPOLL_ICEBERG_CATALOG", show_envvar=True,
               help="--format iceberg: the pyiceberg catalog NAME (.pyiceberg.yaml or PYICEBERG_CATALOG__NAME__*); "
                    "default for a local DEST: a SQLite catalog in DEST/_catalog.db with DEST as the warehouse.")
+@click.option("--state-retention", default=DEFAULT_RETENTION, show_default=True, metavar="AGE",
+              envvar="PGPOLL_STATE_RETENTION", show_envvar=True,
+              help="--format delta and iceberg: how long superseded versions and snapshots stay readable (time "
+                   "travel, readers started before a run), as 7d, 168h or 90m; older ones are removed by the run "
+                   "(Delta: checkpoint, log clean-up and vacuum every 10 versions; Iceberg: snapshots expired). "
+                   "off: no maintenance.")
 @click.option("--json", "as_json", is_flag=True, default=False,
               help="One JSON line per table, then a summary line (status, exit_code, tables, rows, seconds, format).")
 @pushgateway_option
 def command(output: str, tables: tuple[str, ...], exclude_tables: tuple[str, ...], dest: str | None, full: bool,
-            fmt: str, catalog: str | None, as_json: bool, pushgateway: str | None) -> None:
+            fmt: str, catalog: str | None, state_retention: str, as_json: bool, pushgateway: str | None) -> None:
     """Write the current state of each captured table under DEST/<schema>.<table>/ (Parquet or Delta Lake), or as
     Iceberg tables in a catalog."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     if catalog and fmt != "iceberg":
         raise click.UsageError("--catalog applies to --format iceberg only")
+    try:
+        retention = parse_retention(state_retention)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--state-retention") from None
     opts = MaterializeOptions(output=output, tables=tables, exclude_tables=exclude_tables, to=dest, full=full,
-                              catalog=catalog or None, pushgateway=pushgateway)
+                              catalog=catalog or None, state_retention_hours=retention, pushgateway=pushgateway)
     started = time.monotonic()
     stop = StopRequest()
     restore = stopping.install(stop)

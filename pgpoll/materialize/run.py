@@ -67,6 +67,7 @@ from pgpoll.materialize.visibility import SnapshotFilter
 from pgpoll.observe.lineage import observed
 from pgpoll.observe.runs import run_ended, run_started
 from pgpoll.sink import layout
+from pgpoll.sink.commit.history import History
 from pgpoll.sink.commit.log import CommitLog, CommitRecord
 from pgpoll.sink.stores.filesystem import check_readable, check_writable, needs_spark, open_output
 from pgpoll.sink.typed_tables import SchemaStore, load_ledger
@@ -193,17 +194,18 @@ class Materializer(ParquetState):
         if not has_log and not snapshotted:
             raise SinkError(f"{self.opts.output} holds no pgpoll output (no commit log)",
                             "run pgpoll ingest --typed-tables --output PATH first, or check the path")
-        records = CommitLog(self.fs).records() if has_log else []
-        self.high_water = max((r.end_lsn for r in records), default=None)
-        self.gap = next((r for r in reversed(records) if r.is_gap), None)  # the newest gap `pgpoll resync` marked
-        names = sorted({t for r in records for t in r.tables} | snapshotted)
+        # the commit log's state, not its records: each table reads only the records after its position
+        history = History(CommitLog(self.fs) if has_log else None)
+        self.high_water = history.high_water_mark
+        self.gap = history.newest_gap()  # the newest gap `pgpoll resync` marked
+        names = sorted(history.table_dirs() | snapshotted)
         if not names:
             raise SinkError(f"{self.opts.output} has no typed tables",
                             "ingest with --typed-tables (changes written before that are in changes/ only)")
         with DestLease(self.dest, run=uuid.uuid4().hex[:12]):  # one materialize per DEST (exit 3 at once)
-            return self._run_tables(records, names)
+            return self._run_tables(history, names)
 
-    def _run_tables(self, records: list[CommitRecord], names: list[str]) -> list[TableState]:
+    def _run_tables(self, history: History, names: list[str]) -> list[TableState]:
         for name, is_dir, _ in self.dest.list(self.dest.path("")):
             if is_dir and SCRATCH in name and stale_scratch(self.dest, name):
                 self.dest.delete(self.dest.path(name))
@@ -214,22 +216,20 @@ class Materializer(ParquetState):
             if refused:
                 raise ConfigError(" ".join(e.message for e in refused), refused[0].hint)
         try:  # a few tables at once, results and errors as one by one (pgpoll.materialize.table_pool)
-            return run_in_order([functools.partial(self._one_table, n, p, records) for n, p in selected])
+            return run_in_order([functools.partial(self._one_table, n, p, history) for n, p in selected])
         finally:
             if self._case_saved is not None:
                 self._spark.conf.set(_CASE_SENSITIVE, self._case_saved)
 
-    def _one_table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
+    def _one_table(self, name: str, parsed: tuple[str, str], history: History) -> TableState:
         if self.stop is not None and self.stop.requested:
             raise StopRequestedError()  # between tables: every state written so far is whole
-        return self._table(name, parsed, [r for r in records if name in r.tables])
+        return self._table(name, parsed, history)
 
-    def _table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
+    def _table(self, name: str, parsed: tuple[str, str], history: History) -> TableState:
         qualified = f"{parsed[0]}.{parsed[1]}"
         target = self.dest.path(name)
         snap = self.snapshots.latest(*parsed)
-        if self.gap is not None:  # built on the snapshot planned after the gap (checked above), from the records after it
-            records = [r for r in records if r.seq > self.gap.seq]
         marker = self._read_marker(name)
         if snap is not None and (marker is None or marker.get("snapshot_id") != snap.snapshot_id
                                  or marker.get("snapshot_rechecks_pending")):
@@ -240,7 +240,14 @@ class Materializer(ParquetState):
             self.rebuilt.add(name)
         snapshot_info = snapshot_json(snap, self.high_water)
         position = Lsn.parse(marker["position"]) if marker else None
-        todo = [r for r in records if position is None or r.end_lsn > position]
+        since = position
+        if self.gap is not None and (since is None or since < self.gap.end_lsn):
+            # built on the snapshot planned after the gap (checked above), from the records after it: a record before
+            # the gap ends at or below its end (the high-water mark then), every record after it past its resume
+            since = self.gap.end_lsn
+        todo = history.after(since, name)  # the table's records after the position (all: a rebuild)
+        if self.gap is not None:
+            todo = [r for r in todo if r.seq > self.gap.seq]
         if marker and not todo:
             return TableState(qualified, target, int(marker.get("rows", 0)), marker["position"], "unchanged",
                               snapshot=snapshot_info)
@@ -274,7 +281,7 @@ class Materializer(ParquetState):
             )
         for w in warnings:
             log.warning("%s", w)
-        end = (todo[-1] if todo else records[-1]).end if records else (marker["position"] if marker else "0/0")
+        end = todo[-1].end if todo else (marker["position"] if marker else "0/0")
         meta: dict[str, Any] = {"position": end, "schema_id": computed.described.schema_id, "table": qualified}
         if snap is not None:
             meta["snapshot_id"] = snap.snapshot_id

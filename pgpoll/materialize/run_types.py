@@ -22,6 +22,8 @@ class MaterializeOptions:
     full: bool = False
     catalog: str | None = None  # --format iceberg: the pyiceberg catalog's name (pgpoll.materialize.iceberg.catalog)
     pushgateway: str | None = None  # None: PGPOLL_PUSHGATEWAY (pgpoll.observe.runs)
+    state_retention_hours: float | None = 168.0
+    """How long superseded state versions stay (None: no maintenance; :mod:`pgpoll.materialize.maintenance`)."""
 
 
 @dataclass
@@ -39,11 +41,13 @@ class TableState:
     version: int | None = None  # the Delta table's version (--format delta)
     snapshot: dict[str, Any] | None = None  # {"id", "complete", "converged"} of the snapshot the state is built on
     engine: str | None = None  # what computed the state: "driver" or "spark" (None: nothing to compute)
+    maintenance: dict[str, Any] | None = None  # what maintenance did (pgpoll.materialize.maintenance; None: none ran)
 
     def to_json(self) -> str:
-        """One line of JSON (``version`` only for Delta, ``engine`` only when a state was computed)."""
+        """One line of JSON (``version`` only for Delta, ``engine`` only when a state was computed, ``maintenance``
+        only when it ran)."""
         out = asdict(self)
-        for optional in ("version", "engine"):
+        for optional in ("version", "engine", "maintenance"):
             if out[optional] is None:
                 del out[optional]
         return json.dumps(out, sort_keys=True)

@@ -42,6 +42,7 @@ import pyarrow as pa
 
 from pgpoll.errors import SinkError, first_line
 from pgpoll.sink import layout
+from pgpoll.sink.commit.history import walk
 from pgpoll.sink.commit.log import CommitLog, CommitRecord, LogState
 from pgpoll.sink.envelope import ENVELOPE_SCHEMA
 from pgpoll.sink.stores.local_files import local_path
@@ -131,16 +132,15 @@ class ChangeTable:
         if not self.enabled:
             return []
         state = state or commit_log.state()
-        if self._done is not None and self._done >= state.head:
+        newest = state.newest_data()  # heartbeats after it add nothing: never read them
+        if self._done is not None and self._done >= newest:
             return []
         added: list[int] = []
         for _attempt in range(_ATTEMPTS):
             done = self.added()
-            if done >= state.head:
+            if done >= newest:
                 return added
-            cp = state.checkpoint
-            records = commit_log.records() if cp is not None and done < cp.seq else list(state.tail)
-            todo = [r for r in records if r.seq > done and r.partition]
+            todo = _lacking(commit_log, state, done, newest)
             if not todo:
                 return added
             todo = [self._sized(r) for r in todo]
@@ -241,6 +241,19 @@ def _adds(record: CommitRecord) -> list[Any]:
             for name in record.files]
 
 
+def _lacking(commit_log: CommitLog, state: LogState, done: int, newest: int) -> list[CommitRecord]:
+    """The records with rows after ``done`` up to ``newest``: back along ``prev_rows`` (heartbeats never read),
+    or read by name where records predate that chain."""
+    try:
+        chained = walk(commit_log, newest, lambda r: r.seq <= done, lambda r: r.prev_rows,
+                       lambda r: r.partition is not None)
+    except SinkError:
+        chained = None  # a record removed by hand: read by name, or listed
+    if chained is not None:
+        return chained
+    return [r for r in commit_log.records_after(done, replace(state, head=newest)) if r.partition]
+
+
 def committed_files(fs: OutputFs) -> list[tuple[str, str, int]]:
     """``(partition, file name, size)`` of every committed batch's envelope files, in commit-log order.
 
@@ -263,10 +276,8 @@ def committed_files(fs: OutputFs) -> list[tuple[str, str, int]]:
             found.append((partition, name, int(action["size_bytes"])))
         found.sort()
     state = commit_log.state()
-    cp = state.checkpoint
-    records = commit_log.records() if cp is not None and done < cp.seq else list(state.tail)
-    for record in records:
-        if record.seq > done and record.partition:
+    for record in _lacking(commit_log, state, done, max(done, state.newest_data())):
+        if record.partition:
             sized = table._sized(record)
             found += [(record.partition, name, int(sized.file_sizes.get(name, 0))) for name in sized.files]
     return found

@@ -104,10 +104,11 @@ def _log_refs(opts: SourceOptions, table_dir: str | None) -> list[FileRef | DirR
 
         return [FileRef((f"{layout.CHANGES}/{partition}/{name}",), partition, size)
                 for partition, name, size in committed_files(fs) if _in_range(partition, opts)]
-    state = CommitLog(fs).state()
+    commit_log = CommitLog(fs)
+    state = commit_log.state()
     refs: list[FileRef | DirRef] = []
-    folded = state.checkpoint.partitions if state.checkpoint is not None else []
-    for partition, tables in ((str(p[0]), list(p[1])) for p in folded):
+    folded = commit_log.folded_partitions(state)
+    for partition, tables in folded:
         if not _in_range(partition, opts) or (table_dir is not None and table_dir not in tables):
             continue
         where = f"{layout.CHANGES}/{partition}" if table_dir is None else f"{layout.TABLES}/{table_dir}/{partition}"

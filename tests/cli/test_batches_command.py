@@ -6,13 +6,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
+from pgpoll.cli import batches_command
 from pgpoll.cli.main import cli
 from tests.ingest.conftest import ingest, make_capture
 
 
-def test_batches_lists_each_committed_batch_newest_last_then_totals(db: Any, tmp_path: Path) -> None:
+def test_batches_lists_each_committed_batch_newest_last_then_totals(
+    db: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     capture = make_capture(db, "test_decoding", tmp_path / "out")
     db.execute("INSERT INTO items SELECT g, 'a' FROM generate_series(1, 20) g")
     db.execute("INSERT INTO items SELECT g, 'b' FROM generate_series(21, 30) g")
@@ -38,6 +42,22 @@ def test_batches_lists_each_committed_batch_newest_last_then_totals(db: Any, tmp
     assert text.exit_code == 0
     assert text.output.splitlines()[0].split()[:3] == ["seq", "lsn_range", "rows"]
     assert text.output.splitlines()[-1].startswith(f"total: {len(batches)} batch(es), 33 row(s)")
+
+    # the newest by default (read by name: a bounded read), --last N, --all for the whole history
+    monkeypatch.setattr(batches_command, "DEFAULT_LAST", 2)
+    newest = CliRunner().invoke(cli, ["batches", "--output", capture.output, "--json"])
+    assert [json.loads(line) for line in newest.output.splitlines()[:-1]] == batches[-2:]
+    assert json.loads(newest.output.splitlines()[-1])["totals"]["batches"] == 2
+    footer = CliRunner().invoke(cli, ["batches", "--output", capture.output]).output.splitlines()[-1]
+    assert footer.endswith(f"(the newest 2 of {len(batches)}; --all lists every one)"), footer
+    three = CliRunner().invoke(cli, ["batches", "--output", capture.output, "--last", "3", "--json"])
+    assert [json.loads(line)["seq"] for line in three.output.splitlines()[:-1]] == [b["seq"] for b in batches[-3:]]
+    every = CliRunner().invoke(cli, ["batches", "--output", capture.output, "--all", "--json"])
+    assert every.output == result.output
+    text_all = CliRunner().invoke(cli, ["batches", "--output", capture.output, "--all"])
+    assert text_all.output == text.output
+    both = CliRunner().invoke(cli, ["batches", "--output", capture.output, "--all", "--last", "3"])
+    assert both.exit_code == 2 and "--all and --last exclude each other" in both.output
 
 
 def test_batches_of_a_new_output_is_empty_with_zero_totals(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from pgpoll.errors import ConfigError, SinkError
+from pgpoll.errors import ConfigError, SinkError, first_line
 from pgpoll.lsn import Lsn
 from pgpoll.materialize.change_summary import identity_segments, replay_key
 from pgpoll.materialize.delta import files as delta_files
@@ -52,12 +52,13 @@ from pgpoll.materialize.driver.state import (
     same_type,
     touched_key_values,
 )
+from pgpoll.materialize.maintenance import due
 from pgpoll.materialize.run import STATE_FILE, MaterializeOptions, Materializer, TableState, _align
 from pgpoll.materialize.state import StateColumn
 from pgpoll.materialize.task_files import write_frame
 from pgpoll.sink import layout
 from pgpoll.sink.change_table import delta_location
-from pgpoll.sink.commit.log import CommitRecord
+from pgpoll.sink.commit.history import History
 from pgpoll.sink.stores.filesystem import local_path
 from pgpoll.typed.rows import quote
 
@@ -131,10 +132,18 @@ class DeltaMaterializer(Materializer):
             return DeltaStateTable(delta_uri(self.dest.path(name)), self.app)
         return DeltaStateTable(found[0], self.app, found[1])
 
-    def _table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
-        state = super()._table(name, parsed, records)
+    def _table(self, name: str, parsed: tuple[str, str], history: History) -> TableState:
+        state = super()._table(name, parsed, history)
+        before = self._pins[name].version if name in self._pins else None  # the version this run read
         state.format = "delta"
         state.version = self._versions.get(name)
+        retention = self.opts.state_retention_hours
+        if retention is not None and state.version is not None and due(before, state.version):
+            try:  # under the destination lease: the only writer of this table now
+                state.maintenance = self.delta_table(name).maintain(retention)
+            except Exception as exc:  # the state is committed; maintenance is retried at the next crossing
+                state.warnings.append(f"{state.table}: maintenance failed ({first_line(exc)}); fix: check the "
+                                      "destination, or turn it off with --state-retention off")
         return DeltaTableState(**{f.name: getattr(state, f.name) for f in fields(state)}, files=self._files.get(name))
 
     def _read_marker(self, name: str) -> dict[str, Any] | None:
@@ -338,7 +347,7 @@ class DeltaMaterializer(Materializer):
         if not landed:
             self.dest.delete(where)
 
-    def _run_tables(self, records: list[CommitRecord], names: list[str]) -> list[TableState]:
+    def _run_tables(self, history: History, names: list[str]) -> list[TableState]:
         # delta-rs 1.6 decodes %XX in a table's location when it reads (not when it writes): refuse such paths
         selected = [n for n in names if (p := layout.parse_table_dir_name(n)) is not None and self.filter.accepts(*p)]
         odd = [n for n in selected if "%" in delta_uri(self.dest.path(n))]
@@ -349,7 +358,7 @@ class DeltaMaterializer(Materializer):
                 "schema and table names as %XX)",
                 "leave these tables out with --exclude-tables, choose a --to without '%', or use --format parquet",
             )
-        return super()._run_tables(records, names)
+        return super()._run_tables(history, names)
 
     def _data_files(self, where: str, run_dir: str, stat_columns: list[str]) -> list[DataFile]:
         """The Parquet files Spark wrote under ``where``, with their sizes and statistics.

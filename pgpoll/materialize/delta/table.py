@@ -36,6 +36,7 @@ Three guarantees, all resting on the Delta log's own atomic create of
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -245,6 +246,18 @@ class DeltaStateTable:
             raise SinkError(f"cannot commit to the Delta table {self.uri}: {first_line(exc)}",
                             "check the destination is writable; the next run retries from the last version") from None
         return pinned.version + 1
+
+
+    def maintain(self, retention_hours: float) -> dict[str, Any]:
+        """Checkpoint the newest version, clean up expired log files and vacuum the files no version within
+        ``retention_hours`` needs (:mod:`pgpoll.materialize.maintenance`); what was done, for the summary."""
+        table = self._open()
+        table.create_checkpoint()
+        checkpoint = int(table.version())
+        table.cleanup_metadata()
+        hours = math.ceil(retention_hours)  # delta-rs takes whole hours: never sooner than asked
+        removed = table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False)
+        return {"checkpoint": checkpoint, "vacuumed_files": len(removed), "retention_hours": retention_hours}
 
 
 def footer_files(directory: str, prefix: str, stat_columns: Sequence[str], fs: Any = None) -> list[DataFile]:

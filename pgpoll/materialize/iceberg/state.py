@@ -40,7 +40,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pgpoll.errors import ConfigError
+from pgpoll.errors import ConfigError, first_line
 from pgpoll.lsn import Lsn
 from pgpoll.materialize.change_summary import identity_segments, replay_key
 from pgpoll.materialize.delta import files as delta_files
@@ -60,7 +60,7 @@ from pgpoll.materialize.iceberg.types import iceberg_type, same_type, to_state_t
 from pgpoll.materialize.run import MaterializeOptions, Materializer, TableState, _align
 from pgpoll.materialize.state import StateColumn
 from pgpoll.sink import layout
-from pgpoll.sink.commit.log import CommitRecord
+from pgpoll.sink.commit.history import History
 from pgpoll.sink.stores.filesystem import local_path
 
 log = logging.getLogger("pgpoll.materialize")
@@ -100,6 +100,7 @@ class IcebergMaterializer(Materializer):
         self._plans: dict[str, PartialPlan] = {}
         self._snapshots: dict[str, int | None] = {}
         self._files: dict[str, dict[str, int]] = {}
+        self._maintenance: dict[str, dict[str, Any]] = {}  # what expiring snapshots did, per table
         self._locations: dict[str, str] = {}
         self._columns: dict[str, list[StateColumn]] = {}  # per table: the state's columns (Spark: to align kept rows)
 
@@ -110,9 +111,10 @@ class IcebergMaterializer(Materializer):
             raise ConfigError(f"{name} is no table name", "check the output")
         return IcebergStateTable(self.catalog, identifier(*parsed), self.fs.root)
 
-    def _table(self, name: str, parsed: tuple[str, str], records: list[CommitRecord]) -> TableState:
-        state = super()._table(name, parsed, records)
+    def _table(self, name: str, parsed: tuple[str, str], history: History) -> TableState:
+        state = super()._table(name, parsed, history)
         state.format = "iceberg"
+        state.maintenance = self._maintenance.get(name)
         state.path = self._locations.get(name, state.path)
         return IcebergTableState(**{f.name: getattr(state, f.name) for f in fields(state)}, catalog=describe(self.catalog),
                                  iceberg_snapshot=self._snapshots.get(name), files=self._files.get(name))
@@ -273,6 +275,11 @@ class IcebergMaterializer(Materializer):
             return int((pinned.meta or {}).get("rows", rows))
         self._snapshots[name] = snapshot
         self._files[name] = (plan or PartialPlan(pinned.stats(()), ())).counts(len(added))
+        if self.opts.state_retention_hours is not None:
+            try:  # under the destination lease (pgpoll.materialize.maintenance)
+                self._maintenance[name] = target.expire(self.opts.state_retention_hours)
+            except Exception as exc:  # the state is committed; the next run expires them
+                log.warning("%s: expiring old snapshots failed: %s", name, first_line(exc))
         loaded = target.load()
         if loaded is not None:
             self._locations[name] = str(loaded.location())

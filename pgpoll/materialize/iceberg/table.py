@@ -152,6 +152,24 @@ class IcebergStateTable:
             raise SinkError(f"cannot load the Iceberg table {self.name}: {first_line(exc)}",
                             "check the catalog's settings and that it is reachable") from None
 
+    def expire(self, retention_hours: float) -> dict[str, Any]:
+        """Expire the snapshots older than ``retention_hours`` (never the current one: pyiceberg protects branch
+        heads); what was done, for the summary (:mod:`pgpoll.materialize.maintenance`)."""
+        from datetime import UTC, datetime, timedelta
+
+        table = self.load()
+        if table is None:
+            return {"expired_snapshots": 0, "retention_hours": retention_hours}
+        before = len(table.metadata.snapshots)
+        cutoff = datetime.now(UTC) - timedelta(hours=retention_hours)
+        current = table.metadata.current_snapshot_id
+        if not any(s.timestamp_ms < cutoff.timestamp() * 1000 and s.snapshot_id != current for s in table.metadata.snapshots):
+            return {"expired_snapshots": 0, "snapshots": before, "retention_hours": retention_hours}  # no commit
+        table.maintenance.expire_snapshots().older_than(cutoff).commit()
+        after = self.load()
+        left = len(after.metadata.snapshots) if after is not None else before
+        return {"expired_snapshots": before - left, "snapshots": left, "retention_hours": retention_hours}
+
     def pin(self) -> PinnedSnapshot:
         """The table's current snapshot, which this run builds on and commits after."""
         from pyiceberg.table.snapshots import ancestors_of

@@ -218,6 +218,8 @@ class BatchSink:
             raise SinkError(f"partition {partition} already exists but no commit-log record names it",
                             "rerun: recovery at start removes it or sets it aside")
         table_files = {name: dict(listed) for name, listed in (tables or {}).items()} if partition else {}
+        before = self.log.state()  # the records before plan.seq, unless another run won it (then create says so)
+        index = before.table_index()
         record = CommitRecord(
             start=str(Lsn(start)), end=str(Lsn(end)), rows=rows, files=sorted(files), partition=partition, slot=slot,
             plugin=plugin, last_commit_ts=last_commit_ts, tables=sorted(table_files), version=VERSION, seq=plan.seq,
@@ -225,6 +227,7 @@ class BatchSink:
             table_files=table_files, run=plan.run, staging=plan.id, first_commit_ts=first_commit_ts, xid_min=xid_min,
             xid_max=xid_max, table_stats=table_stats, publications=sorted(publications), in_place=direct,
             server=server,
+            prev_rows=before.newest_data(), prev_tables={t: index[t][0] if t in index else 0 for t in table_files},
         )
         if not self.log.create(record):
             self.discard(plan)

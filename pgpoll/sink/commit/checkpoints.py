@@ -5,9 +5,16 @@ Under ``PATH/_pgpoll/``::
     checkpoints/seq-<16 digits>.json a fold of records 1..<seq>
     newest-checkpoint.json           the pointer: {"seq": N, "clean": ...}
 
-**Checkpoints** fold records 1..N (high-water mark, totals, the partitions
-with their typed tables) so that start-up reads the newest checkpoint and the
-records after it, not the whole history. A checkpoint is written with the same
+**Checkpoints** fold records 1..N (high-water mark, totals, and for each
+typed table the newest record naming it) so that start-up reads the newest
+checkpoint and the records after it, not the whole history. A checkpoint's
+size depends on the number of tables, not of batches: checkpoints written
+before 0.3 also listed every partition ever written (``partitions``), a
+document that grew with the history and was rewritten every
+:data:`CHECKPOINT_EVERY` records; they stay readable (their ``tables`` is
+derived from that list), and new ones omit ``partitions`` so that an older
+pgpoll takes them for unreadable and lists the log instead (its recovery
+would otherwise take every partition for an unrecorded one). A checkpoint is written with the same
 create-if-absent in its own directory, so it never competes with a batch for
 a sequence number; two runs writing the same fold write the same content, and
 a kill mid-write leaves nothing (the file appears whole or not at all). A
@@ -21,7 +28,7 @@ Everything here is importable from :mod:`pgpoll.sink.commit.log` too.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from pgpoll.lsn import Lsn
@@ -30,8 +37,7 @@ from pgpoll.sink.commit.records import VERSION, CommitRecord, parse_timestamp, u
 CHECKPOINT_EVERY = 50
 """A checkpoint is written once this many records follow the newest one."""
 KEEP_CHECKPOINTS = 8
-"""Checkpoints kept; older ones are deleted once a newer one is written. Each holds the whole history (every
-partition), so keeping them all would grow with the square of the batches; start-up reads only the newest."""
+"""Checkpoints kept; older ones are deleted once a newer one is written (start-up reads only the newest)."""
 POINTER = "newest-checkpoint.json"
 """Under ``_pgpoll/``: the newest checkpoint's ``seq`` (a hint; see :mod:`pgpoll.sink.commit.log`)."""
 
@@ -40,8 +46,18 @@ POINTER = "newest-checkpoint.json"
 class Checkpoint:
     """The fold of records 1..``seq``: what start-up needs without reading them.
 
-    ``partitions`` lists ``[partition, [typed table, ...]]`` of every record
-    that wrote rows, in order; ``v1_records`` how many of the records are
+    ``tables`` maps each typed table directory to ``[seq, end]``: a record at
+    or after the newest one that names it, and that record's ``end`` (exact
+    for records folded by this version; for tables folded from an older
+    checkpoint the older checkpoint's own ``seq`` and high-water mark, an upper
+    bound that is just as safe to search below). ``data_seq`` is the newest
+    record that wrote rows (0: none), so that the change table's Delta log
+    knows it lacks nothing without reading the heartbeats after it. ``gap_seq`` is the newest gap
+record (``pgpoll resync``; 0 or None: none, as in every checkpoint written before gap records existed), so
+``materialize`` finds it without reading the records. ``partitions`` lists
+    ``[partition, [typed table, ...]]`` of every record that wrote rows, in
+    order, only in checkpoints written before 0.3 (None in newer ones: the
+    records hold them). ``v1_records`` says how many of the records are
     version-1 ones (None: written by a pgpoll that did not say).
     """
 
@@ -50,8 +66,11 @@ class Checkpoint:
     records: int
     rows: int
     bytes: int
-    partitions: list[list[Any]]
     slots: list[str]
+    tables: dict[str, list[Any]] | None = None
+    data_seq: int | None = None
+    gap_seq: int | None = None
+    partitions: list[list[Any]] | None = None
     last_commit_ts: str | None = None
     last_committed_at: str | None = None
     run: str | None = None
@@ -61,15 +80,33 @@ class Checkpoint:
     v1_records: int | None = None
 
     def to_json(self) -> str:
-        """The checkpoint as one JSON document."""
-        return json.dumps(asdict(self), sort_keys=True)
+        """The checkpoint as one JSON document (``partitions`` left out when None: see the module docstring)."""
+        data = asdict(self)
+        if self.partitions is None:
+            del data["partitions"]
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Checkpoint:
-        """Parse a checkpoint written by :meth:`to_json`."""
+        """Parse a checkpoint written by :meth:`to_json`, or by an older pgpoll (``partitions``, no ``tables``)."""
         data = json.loads(text)
+        if "partitions" not in data and "tables" not in data:
+            raise ValueError("a checkpoint with neither tables nor partitions")
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    def newest_data(self) -> int:
+        """``data_seq``; for an older checkpoint its own ``seq`` when it lists a partition (an upper bound)."""
+        if self.data_seq is not None:
+            return self.data_seq
+        return self.seq if self.partitions else 0
+
+    def table_index(self) -> dict[str, tuple[int, str]]:
+        """``tables`` as ``{table directory: (seq, end)}``; for an older checkpoint derived from ``partitions``."""
+        if self.tables is not None:
+            return {t: (int(v[0]), str(v[1])) for t, v in self.tables.items()}
+        end = self.high_water_mark or "0/0"
+        return {str(t): (self.seq, end) for p in self.partitions or [] for t in p[1]}
 
 
 def _later(a: str | None, b: str | None) -> str | None:
@@ -112,9 +149,39 @@ class LogState:
         return before
 
     def partitions(self) -> list[tuple[str, list[str]]]:
-        """``(partition, typed tables)`` of every record that wrote rows, in order."""
-        out = [(str(p[0]), list(p[1])) for p in self.checkpoint.partitions] if self.checkpoint else []
+        """``(partition, typed tables)`` of every record that wrote rows, in order.
+
+        Only when the checkpoint lists them (written before 0.3) or there is
+        none; :meth:`pgpoll.sink.commit.log.CommitLog.partitions` also reads
+        the records a newer checkpoint folds.
+        """
+        cp = self.checkpoint
+        if cp is not None and cp.partitions is None:
+            raise ValueError("this checkpoint does not list partitions: read them with CommitLog.partitions")
+        out = [(str(p[0]), list(p[1])) for p in cp.partitions or []] if cp else []
         return out + [(r.partition, list(r.tables)) for r in self.tail if r.partition]
+
+    def newest_data(self) -> int:
+        """The newest record that wrote rows, or one after it (0: none): what the change table's Delta log needs."""
+        found = [r.seq for r in self.tail if r.partition]
+        if found:
+            return max(found)
+        return self.checkpoint.newest_data() if self.checkpoint is not None else 0
+
+    def newest_gap(self) -> int:
+        """The newest gap record's ``seq`` (0: none)."""
+        found = [r.seq for r in self.tail if r.is_gap]
+        if found:
+            return max(found)
+        return (self.checkpoint.gap_seq or 0) if self.checkpoint is not None else 0
+
+    def table_index(self) -> dict[str, tuple[int, str]]:
+        """Each typed table directory: ``(seq, end)`` of a record at or after the newest that names it."""
+        index = self.checkpoint.table_index() if self.checkpoint is not None else {}
+        for r in self.tail:
+            for t in r.tables:
+                index[t] = (r.seq, r.end)
+        return index
 
     def fold(self, upto: int, run: str | None = None) -> Checkpoint:
         """The checkpoint of records 1..``upto`` (``upto`` at least the current checkpoint's seq)."""
@@ -129,7 +196,9 @@ class LogState:
             seq=upto, high_water_mark=str(hwm) if hwm is not None else None,
             records=(cp.records if cp else 0) + len(records), rows=(cp.rows if cp else 0) + sum(r.rows for r in records),
             bytes=(cp.bytes if cp else 0) + sum(r.bytes for r in records),
-            partitions=(list(cp.partitions) if cp else []) + [[r.partition, list(r.tables)] for r in records if r.partition],
+            tables={t: [s, e] for t, (s, e) in sorted(replace(self, tail=tuple(records)).table_index().items())},
+            data_seq=replace(self, tail=tuple(records)).newest_data(),
+            gap_seq=replace(self, tail=tuple(records)).newest_gap(),
             slots=sorted(set(cp.slots if cp else []) | {r.slot for r in records}),
             last_commit_ts=last_ts, last_committed_at=last_at, run=run,
             v1_records=len(self.v1_names) if self.listed or cp is None else cp.v1_records,

@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
@@ -219,8 +220,53 @@ class CommitLog:
 
     def records(self) -> list[CommitRecord]:
         """Every record (version 1 and 2), in ``seq`` order: the whole history, read file by file."""
+        return list(self.iter_records())
+
+    def iter_records(self) -> Iterator[CommitRecord]:
+        """Every record, in ``seq`` order, each read when it is asked for (``batches --all`` streams them)."""
         v1, v2 = self._names()
-        return [self._read(n, i) for i, n in enumerate(v1, start=1)] + [self._read(v2[s], s) for s in sorted(v2)]
+        for i, name in enumerate(v1, start=1):
+            yield self._read(name, i)
+        for seq in sorted(v2):
+            yield self._read(v2[seq], seq)
+
+    def read(self, seq: int) -> CommitRecord:
+        """Version-2 record ``seq``, by its name (no listing); :class:`SinkError` when it is absent."""
+        return self._read(record_name(seq), seq)
+
+    def records_after(self, after: int, state: LogState | None = None) -> list[CommitRecord]:
+        """Records ``after``+1 .. ``state``'s head, in order, read by name: one read a record, whatever the history.
+
+        An output with version-1 records, or a record missing in that range
+        (removed by hand), is read the long way (:meth:`records`).
+        """
+        state = state or self.state()
+        tail = {r.seq: r for r in state.tail}
+        if not state.v1_names:
+            try:
+                return [tail.get(seq) or self.read(seq) for seq in range(max(after, 0) + 1, state.head + 1)]
+            except SinkError:
+                pass
+        return [r for r in self.records() if after < r.seq <= state.head]
+
+    def partitions(self, state: LogState) -> list[tuple[str, list[str]]]:
+        """``(partition, typed tables)`` of every record that wrote rows, in order: the whole history."""
+        return self.folded_partitions(state) + [(r.partition, list(r.tables)) for r in state.tail if r.partition]
+
+    def folded_partitions(self, state: LogState) -> list[tuple[str, list[str]]]:
+        """``(partition, typed tables)`` of the records ``state``'s checkpoint folds, in order.
+
+        From the checkpoint's list when it has one (written before 0.3), from
+        the records otherwise: only recovery's full pass and plain reads of a
+        local output need it, and both are as long as the history anyway.
+        """
+        cp = state.checkpoint
+        if cp is None:
+            return []
+        if cp.partitions is not None:
+            return [(str(p[0]), list(p[1])) for p in cp.partitions]
+        folded = self.records_after(0, replace(state, head=cp.seq, tail=()))
+        return [(r.partition, list(r.tables)) for r in folded if r.partition]
 
     def high_water_mark(self) -> Lsn | None:
         """The largest ``end`` of any record (None for a new output)."""
@@ -324,10 +370,12 @@ class CommitLogSummary:
     fenced: bool = True
 
 
-def summarize(output: str, fs: OutputFs | None = None) -> CommitLogSummary:
-    """High-water mark, newest commit time and totals of the commit log under ``output`` (no JVM)."""
-    fs = fs or open_output(output)
-    state = CommitLog(fs).state()
+def summarize(output: str, fs: OutputFs | None = None, commit_log: CommitLog | None = None) -> CommitLogSummary:
+    """High-water mark, newest commit time and totals of the commit log under ``output`` (no JVM); ``commit_log``
+    when the caller reads more of it (its records are read once)."""
+    commit_log = commit_log or CommitLog(fs or open_output(output))
+    fs = commit_log.fs
+    state = commit_log.state()
     fold = state.fold(state.head)
     return CommitLogSummary(
         output=output,

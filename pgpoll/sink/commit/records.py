@@ -116,6 +116,12 @@ class CommitRecord:
     server: dict[str, Any] | None = None
     resume: str | None = None
     """Gap records: where the slot was when the gap was marked (the changes up to it are missing)."""
+    prev_rows: int | None = None
+    """The newest earlier record that wrote rows (0: none; None: written before 0.3, unknown)."""
+    prev_tables: dict[str, int] | None = None
+    """Each typed table of ``tables``: the newest earlier record naming it (0: none; None: before 0.3). With
+    ``prev_rows`` a chain back through the history that skips heartbeats and other tables' batches, so that
+    ``materialize`` and the change table read only the records they apply (:mod:`pgpoll.sink.commit.history`)."""
     name: str = field(default="", compare=False)
 
     @property

@@ -240,7 +240,7 @@ def recover(fs: OutputFs, commit_log: CommitLog, *, full: bool = True, run: str 
                 log.warning("stale staging %s not removed yet: %s", sid, exc.message)
                 continue
             removed.append(sid)
-    removed_parts, set_aside = _partitions(fs, state, partitions) if scan else ([], [])
+    removed_parts, set_aside = _partitions(fs, commit_log, state, partitions) if scan else ([], [])
     # Every record up to the head has its files in place now. A checkpoint of an older pgpoll (which does not
     # say whether version-1 records precede it) is folded again at once, so the next start can take the pointer.
     cp = state.checkpoint
@@ -270,10 +270,11 @@ def _planned_on(fs: OutputFs, sid: str) -> int | None:
         return None  # a plan file is written whole (temp file, then rename): unreadable means damaged
 
 
-def _partitions(fs: OutputFs, state: LogState, found: list[tuple[str, str, Lsn]]) -> tuple[list[str], list[str]]:
+def _partitions(fs: OutputFs, commit_log: CommitLog, state: LogState,
+                found: list[tuple[str, str, Lsn]]) -> tuple[list[str], list[str]]:
     recorded_changes: set[str] = set()
     recorded_tables: set[tuple[str, str]] = set()
-    for partition, tables in state.partitions():
+    for partition, tables in commit_log.partitions(state):
         recorded_changes.add(partition)
         recorded_tables.update((t, partition) for t in tables)
     hwm = state.high_water_mark

@@ -178,7 +178,11 @@ def test_start_up_reads_the_same_files_for_a_hundred_batches_and_for_thousands(t
     everything = CommitLog(LocalOutputFs(str(large))).records()
     assert state.head == len(everything) == 4007 and not state.listed and len(state.tail) == 7
     assert state.high_water_mark == max(r.end_lsn for r in everything)
-    assert [p for p, _t in state.partitions()] == [r.partition for r in everything]
+    assert [p for p, _t in CommitLog(LocalOutputFs(str(large))).partitions(state)] == [r.partition for r in everything]
+    assert state.table_index() == {"public.t": (4007, everything[-1].end)}
+    # the checkpoint folds what start-up needs, not every partition: the same size at 107 and 4,007 batches
+    sizes = [len(max((root / layout.CHECKPOINTS).iterdir()).read_bytes()) for root in (small, large)]
+    assert max(sizes) < 1000 and max(sizes) - min(sizes) < 16, sizes  # a few more digits in the totals
 
 
 def test_the_full_pass_is_skipped_once_recorded_and_runs_again_without_the_pointer(tmp_path: Path) -> None:
@@ -263,7 +267,7 @@ def test_a_checkpoint_of_an_older_pgpoll_is_folded_again_at_the_next_start(tmp_p
 
 
 def test_only_the_newest_checkpoints_are_kept(tmp_path: Path) -> None:
-    """Each checkpoint holds the whole history: keeping them all would grow with the square of the batches."""
+    """Old ones are of no use to start-up (it reads the newest), and a reader pointed at a gone one lists."""
     root = tmp_path / "out"
     build(root, (KEEP_CHECKPOINTS + 5) * CHECKPOINT_EVERY + 3)
     kept = sorted(p.name for p in (root / layout.CHECKPOINTS).glob("seq-*.json"))
@@ -272,4 +276,30 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path: Path) -> None:
     _fs, sink = start_up(root)
     state = sink.log.state()
     assert state.checkpoint is not None and state.checkpoint.seq == newest and state.head == newest + 3
-    assert len(state.checkpoint.partitions) + len(state.tail) == newest + 3  # every batch still in the log's state
+    assert len(sink.log.partitions(state)) == newest + 3  # every batch still in the log's state
+
+
+def test_a_checkpoint_listing_every_partition_stays_readable_and_the_next_one_folds_only_the_tables(
+    tmp_path: Path,
+) -> None:
+    """Checkpoints written before 0.3 list every partition and no ``tables``: start-up, recovery's full pass
+    and the per-table index read them, and the next checkpoint is the new, bounded kind."""
+    build(tmp_path, 2 * CHECKPOINT_EVERY + 4)
+    path = tmp_path / layout.CHECKPOINTS / record_name(2 * CHECKPOINT_EVERY)
+    older = json.loads(path.read_text())
+    del older["tables"]
+    older["partitions"] = [[layout.partition_name(s * STEP, s * STEP + 0x10), ["public.t"]]
+                           for s in range(1, 2 * CHECKPOINT_EVERY + 1)]
+    path.write_text(json.dumps(older))
+    (tmp_path / layout.META / POINTER).unlink()  # recovery's full pass runs, reading the old list
+    report = BatchSink(None, str(tmp_path)).recover()
+    assert report.removed_partitions == () and report.unrecorded == ()
+    log = CommitLog(LocalOutputFs(str(tmp_path)))
+    state = log.state()
+    assert state.checkpoint is not None and state.checkpoint.partitions is not None
+    assert state.table_index() == {"public.t": (state.head, str(Lsn(state.head * STEP + 0x10)))}
+    assert len(log.partitions(state)) == state.head
+    build(tmp_path, 3 * CHECKPOINT_EVERY + 1, first=state.head + 1)  # the next checkpoint folds from the old one
+    newest = json.loads((tmp_path / layout.CHECKPOINTS / record_name(3 * CHECKPOINT_EVERY)).read_text())
+    assert "partitions" not in newest
+    assert newest["tables"] == {"public.t": [3 * CHECKPOINT_EVERY, str(Lsn(3 * CHECKPOINT_EVERY * STEP + 0x10))]}
