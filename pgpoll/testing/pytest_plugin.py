@@ -267,6 +267,12 @@ def _pool() -> ServerPool:
     return _POOL
 
 
+def primary_version() -> int:
+    """The version the full suite runs on (the first of ``PGPOLL_TEST_PG``): a test of the matrix does there what
+    does not depend on the server's version (an engine, a format), and on the others only what may."""
+    return _pool().primary_version()
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "db_any" in metafunc.fixturenames or "pg_any" in metafunc.fixturenames:
         versions = _pool().versions
