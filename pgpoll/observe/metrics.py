@@ -4,7 +4,7 @@ by :mod:`pgpoll.observe.status_metrics`.
 
 Prometheus's conventions (https://prometheus.io/docs/practices/naming/): a ``pgpoll_`` prefix, base units
 (seconds, bytes) named in the name, ``_total`` for counters, timestamps as Unix seconds in gauges named
-``..._timestamp_seconds``. A run's metrics are pushed to a Pushgateway (:mod:`pgpoll.observe.push`), which adds
+``..._timestamp_seconds``. A run's metrics are pushed to a Pushgateway (:mod:`pgpoll.observe.runs`), which adds
 the grouping labels ``job``, ``slot`` and ``output`` to each; ``pgpoll status --format prometheus`` prints the
 slot and output gauges for node_exporter's textfile collector. The families are built from values alone
 (custom collectors, no client-side state): nothing else is exported (no process metrics) and counters carry
