@@ -80,7 +80,7 @@ METRICS: tuple[MetricSpec, ...] = (
             "WAL (absent when unlimited)."),
     _status("pgpoll_slot_active", "1 when a process is consuming the slot now."),
     _status("pgpoll_slot_alert", "1 when the alert holds (lost, unreserved, lag above --max-lag-bytes, "
-            "slot_ahead_of_output), else 0.", ("slot", "alert")),
+            "slot_ahead_of_output, other_server, timeline_diverged), else 0.", ("slot", "alert")),
     _status("pgpoll_status_timestamp_seconds", "When pgpoll status read the server (Unix time, the server's clock)."),
     _status("pgpoll_output_position", "The output against the slot: 1 for the current position (in_sync, "
             "slot_behind_output, slot_ahead_of_output, no_commits), 0 for the others.", ("slot", "output", "position")),
