@@ -1,4 +1,4 @@
-"""``pgpoll report``: one self-contained HTML page of an output's batches, snapshots and (with a DSN) slot."""
+"""``pgpoll report``: one self-contained HTML page of an output's batches, gaps, runs, snapshots and (with a DSN) slot."""
 
 from __future__ import annotations
 
@@ -22,10 +22,12 @@ from pgpoll.source.connection import redact
 @dsn_option
 def command(output: str, html_path: str, dsn: str | None) -> None:
     """Write one HTML page about OUTPUT: changes, throughput and lag at commit over time, the batches with
-    the largest lag, the largest batches, the snapshots and, with a DSN, the slot's state now.
+    the largest lag, the largest batches, the gaps, the runs (per job: how many failed, how long they took;
+    the slowest runs, the failed ones with their exit codes), the snapshots and, with a DSN, the slot's
+    state now.
 
-    The page needs no server and no internet (its chart library is inline). Reads the commit log and the
-    snapshots' metadata, no data file and no Spark; connects to the database only when a DSN is given
+    The page needs no server and no internet (its chart library is inline). Reads the commit log, the run
+    history and the snapshots' metadata, no data file and no Spark; connects to the database only when a DSN is given
     (--dsn or PGPOLL_DSN).
     """
     fs = open_output(output)

@@ -19,7 +19,6 @@ from pgpoll.cli import exitcodes
 from pgpoll.cli.options import dsn_option, json_option, target
 from pgpoll.cli.output import echo_json, echo_table
 from pgpoll.errors import SlotInvalidatedError
-from pgpoll.observe.status_metrics import status_text
 from pgpoll.source.names import check_slot_name
 from pgpoll.source.slots import SlotInfo
 from pgpoll.status import StatusReport, collect_status
@@ -105,7 +104,9 @@ def command(output: str | None, slot: str | None, max_lag_bytes: int | None, fmt
     if fmt == "json":
         for status in report.slots:
             echo_json(status.as_json())
-    elif fmt == "prometheus":
+    elif fmt == "prometheus":  # prometheus_client is imported only here: every other command starts without it
+        from pgpoll.observe.status_metrics import status_text
+
         click.echo(status_text(report), nl=False)
     else:
         _print_table(report, output is not None)

@@ -13,7 +13,11 @@ Airflow reads; so without a configuration pgpoll builds no client and sends noth
 writes aliases of ``OPENLINEAGE_URL`` into ``os.environ`` while it is built; they are taken out again.
 
 Lineage never decides a run's outcome: a transport that fails (a lineage server down, a timeout) is one
-warning on stderr, and the run's result and exit code are what they would have been without it. The
+warning on stderr, and costs the run little: the client's HTTP transports retry five times with back-off by
+default (about nine seconds per event to a closed port, so a run's START and COMPLETE held it ~18 s), so an
+HTTP transport whose configuration sets no ``retry`` (or ``timeout``) gets pgpoll's: no retry, a 5 s timeout
+(:func:`with_defaults`; the user's ``openlineage.yml`` or ``OPENLINEAGE__TRANSPORT__*`` keys win).
+The run's result and exit code are what they would have been without it. The
 events carry no secret: datasets are named by host, port and database (never a user or password), and a
 ``FAIL`` event's message is redacted as pgpoll's error lines are.
 """
@@ -35,6 +39,11 @@ P = ParamSpec("P")
 R = TypeVar("R")
 JOB_NAMESPACE_ENV = "OPENLINEAGE_NAMESPACE"
 DEFAULT_JOB_NAMESPACE = "pgpoll"
+HTTP_TIMEOUT = 5.0
+"""Seconds an HTTP transport waits for the lineage server, unless its configuration says (``timeout``)."""
+HTTP_RETRY: dict[str, Any] = {"total": 0}
+"""No retry unless the configuration says (``retry``): a run is not held for a lineage server that is down."""
+HTTP_KINDS = ("http", "async_http")
 
 
 def configured(env: Mapping[str, str] | None = None, cwd: Path | None = None, home: Path | None = None) -> bool:
@@ -49,9 +58,38 @@ def configured(env: Mapping[str, str] | None = None, cwd: Path | None = None, ho
     return any(f.is_file() for f in files)
 
 
+def with_defaults(transport: Mapping[str, Any]) -> dict[str, Any]:
+    """A transport's configuration (the client's ``transport:`` mapping) with pgpoll's ``timeout`` and ``retry``
+    in each HTTP transport that sets none, a composite's included; other transports as they are. The client
+    merges a ``retry`` mapping over its own defaults, so ``{"total": 0}`` alone means no retry."""
+    conf = dict(transport)
+    kind = conf.get("type")
+    if kind in HTTP_KINDS:
+        return {"timeout": HTTP_TIMEOUT, "retry": dict(HTTP_RETRY), **conf}
+    inner = conf.get("transports")
+    if kind == "composite" and isinstance(inner, dict):
+        conf["transports"] = {name: with_defaults(c) if isinstance(c, Mapping) else c for name, c in inner.items()}
+    elif kind == "composite" and isinstance(inner, list):
+        conf["transports"] = [with_defaults(c) if isinstance(c, Mapping) else c for c in inner]
+    return conf
+
+
+def _url_transport(env: Mapping[str, str]) -> dict[str, Any]:
+    """The transport the client builds from ``OPENLINEAGE_URL`` (with ``_ENDPOINT``, ``_API_KEY``), as a mapping."""
+    conf: dict[str, Any] = {"type": "http", "url": env["OPENLINEAGE_URL"],
+                            "endpoint": env.get("OPENLINEAGE_ENDPOINT", "api/v1/lineage")}
+    if env.get("OPENLINEAGE_API_KEY"):
+        conf["auth"] = {"type": "api_key", "apiKey": env["OPENLINEAGE_API_KEY"]}
+    return conf
+
+
 def _client() -> Any:
-    """The client, or None when its configuration names no transport (it would print to the console)."""
+    """The client, or None when its configuration names no transport (it would print to the console).
+
+    The client reads its configuration itself; its transport is then built again, by the client's factory,
+    from that configuration completed by :func:`with_defaults` (the client has no layer below the user's)."""
     from openlineage.client import OpenLineageClient
+    from openlineage.client.transport import get_default_factory
 
     saved = dict(os.environ)
     try:
@@ -61,9 +99,18 @@ def _client() -> Any:
             del os.environ[key]
         os.environ.update(saved)
     kind = getattr(client.transport, "kind", None)
-    if kind == "console" and not (client.config.transport or {}).get("type"):
+    conf = client.config.transport or {}
+    if kind == "console" and not conf.get("type"):
         return None
-    return None if kind == "noop" else client
+    if kind == "noop":
+        return None
+    if conf.get("type"):  # openlineage.yml or OPENLINEAGE__TRANSPORT__*: what the client built it from
+        wanted = with_defaults(conf)
+        if wanted != conf:
+            client.transport = get_default_factory().create(wanted)
+    elif kind == "http" and os.environ.get("OPENLINEAGE_URL"):  # the client's plain OPENLINEAGE_URL form
+        client.transport = get_default_factory().create(with_defaults(_url_transport(os.environ)))
+    return client
 
 
 def _spark_conf(spark: Any) -> dict[str, str] | None:
@@ -138,6 +185,18 @@ def _outcome(result: Any) -> str:
     return "ABORT" if getattr(result, "status", "ok") == "interrupted" else "COMPLETE"
 
 
+def _raised_outcome(error: BaseException, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """FAIL, or ABORT for a run a stop cut short: the stop's own error (or Ctrl-C's), or any error raised once
+    the run's :class:`~pgpoll.stopping.StopRequest` was set (the signal cut a step short), as
+    :func:`pgpoll.observe.runs.run_ended` records it ("interrupted")."""
+    from pgpoll.stopping import StopRequest, StopRequestedError
+
+    if isinstance(error, StopRequestedError | KeyboardInterrupt):
+        return "ABORT"
+    stops = [a for a in (*args, *kwargs.values()) if isinstance(a, StopRequest)]
+    return "ABORT" if any(s.requested for s in stops) else "FAIL"
+
+
 def observed(job: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Wrap a job's run function (its first argument the options, ``spark`` its second or a keyword) to emit
     START before it and COMPLETE, ABORT or FAIL after it, when OpenLineage is configured."""
@@ -159,7 +218,8 @@ def observed(job: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
             try:
                 result = run(*args, **kwargs)
             except BaseException as exc:
-                emitter.emit("FAIL", error=exc)
+                outcome = _raised_outcome(exc, args, kwargs)
+                emitter.emit(outcome, error=exc if outcome == "FAIL" else None)
                 raise
             emitter.emit(_outcome(result), result=result)
             return result

@@ -1,13 +1,17 @@
 """pgpoll's Prometheus metrics: the one registry of their names (the reference, rules and dashboard check against
-it), and the metric families of a run and of ``pgpoll status``.
+it); the metric families of a run are built by :mod:`pgpoll.observe.metric_families`, those of ``pgpoll status``
+by :mod:`pgpoll.observe.status_metrics`.
 
 Prometheus's conventions (https://prometheus.io/docs/practices/naming/): a ``pgpoll_`` prefix, base units
 (seconds, bytes) named in the name, ``_total`` for counters, timestamps as Unix seconds in gauges named
-``..._timestamp_seconds``. A run's metrics are pushed to a Pushgateway (:mod:`pgpoll.observe.push`), which adds
+``..._timestamp_seconds``. A run's metrics are pushed to a Pushgateway (:mod:`pgpoll.observe.runs`), which adds
 the grouping labels ``job``, ``slot`` and ``output`` to each; ``pgpoll status --format prometheus`` prints the
-slot and output gauges for node_exporter's textfile collector. The families are built here from values alone
+slot and output gauges for node_exporter's textfile collector. The families are built from values alone
 (custom collectors, no client-side state): nothing else is exported (no process metrics) and counters carry
 no ``_created`` series.
+
+This module imports no ``prometheus_client`` (about a tenth of a second): every run imports it, and only a
+run that pushes, or ``pgpoll status --format prometheus``, needs the client.
 
 Labels never hold a secret: an output URL loses its user, password and query string (:func:`output_label`),
 and no DSN is ever a label.
@@ -15,16 +19,9 @@ and no DSN is ever a label.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-from urllib.parse import urlsplit, urlunsplit
-
-from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from pgpoll.observe.run_history import History, RunRecord
+from typing import Literal
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 Kind = Literal["gauge", "counter"]
 Source = Literal["run", "status"]
@@ -83,7 +80,7 @@ METRICS: tuple[MetricSpec, ...] = (
             "WAL (absent when unlimited)."),
     _status("pgpoll_slot_active", "1 when a process is consuming the slot now."),
     _status("pgpoll_slot_alert", "1 when the alert holds (lost, unreserved, lag above --max-lag-bytes, "
-            "slot_ahead_of_output), else 0.", ("slot", "alert")),
+            "slot_ahead_of_output, other_server, timeline_diverged), else 0.", ("slot", "alert")),
     _status("pgpoll_status_timestamp_seconds", "When pgpoll status read the server (Unix time, the server's clock)."),
     _status("pgpoll_output_position", "The output against the slot: 1 for the current position (in_sync, "
             "slot_behind_output, slot_ahead_of_output, no_commits), 0 for the others.", ("slot", "output", "position")),
@@ -94,75 +91,18 @@ METRICS: tuple[MetricSpec, ...] = (
 BY_NAME = {m.name: m for m in METRICS}
 
 
+def public_netloc(parts: SplitResult) -> str:
+    """``parts``'s host and port without user or password; an IPv6 host keeps its brackets (``[::1]:9091``:
+    ``hostname`` drops them, and ``::1:9091`` is no address)."""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{parts.port}" if parts.port else host
+
+
 def output_label(output: str) -> str:
     """``output`` as a label: a URL without user, password, query or fragment; a local path as given."""
     parts = urlsplit(output)
     if not parts.scheme or not parts.netloc:
         return output
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-
-
-def _family(name: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily | CounterMetricFamily:
-    spec = BY_NAME[name]
-    if spec.kind == "counter":
-        return CounterMetricFamily(name, spec.help, labels=list(labels))
-    return GaugeMetricFamily(name, spec.help, labels=list(labels))
-
-
-def _gauge(name: str, value: float | None) -> Iterator[Metric]:
-    if value is not None:
-        family = _family(name)
-        family.add_metric([], float(value))
-        yield family
-
-
-def run_families(record: RunRecord, history: History | None) -> list[Metric]:
-    """The metrics of the run that just ended, with the totals and last success/failure of ``history``
-    (the output's run history including this run; None when it could not be read: then only this run's)."""
-    out: list[Metric] = []
-    out += _gauge("pgpoll_last_run_timestamp_seconds", record.ended.timestamp())
-    out += _gauge("pgpoll_last_run_duration_seconds", record.seconds)
-    out += _gauge("pgpoll_last_run_exit_code", record.exit_code)
-    out += _gauge("pgpoll_last_run_success", 1 if record.succeeded else 0)
-    out += _gauge("pgpoll_last_run_batches", record.batches)
-    out += _gauge("pgpoll_last_run_changes", record.changes)
-    out += _gauge("pgpoll_last_run_written_bytes", record.bytes)
-    out += _gauge("pgpoll_last_run_lag_bytes", record.lag_bytes)
-    success = record if record.succeeded else (history.last(record.job, succeeded=True) if history else None)
-    failure = (history.last(record.job, succeeded=False) if history else None) if record.succeeded else record
-    if success is not None:
-        out += _gauge("pgpoll_last_success_timestamp_seconds", success.ended.timestamp())
-    if failure is not None and failure.status != "interrupted":
-        out += _gauge("pgpoll_last_failure_timestamp_seconds", failure.ended.timestamp())
-    totals = history.totals.get(record.job) if history is not None else None
-    if totals is not None:
-        runs = _family("pgpoll_runs_total", ("outcome",))
-        ok = totals.runs - totals.failures - totals.interrupted
-        for outcome, count in zip(OUTCOMES, (ok, totals.failures, totals.interrupted), strict=True):
-            runs.add_metric([outcome], count)
-        out.append(runs)
-        for name, value in (("pgpoll_batches_total", totals.batches), ("pgpoll_changes_total", totals.changes),
-                            ("pgpoll_written_bytes_total", totals.bytes)):
-            family = _family(name)
-            family.add_metric([], value)
-            out.append(family)
-    return out
-
-
-class Families(Collector):
-    """A collector that yields fixed metric families (built once, from values)."""
-
-    def __init__(self, families: Iterable[Metric]) -> None:
-        self.families = list(families)
-
-    def collect(self) -> Iterable[Metric]:
-        return iter(self.families)
-
-
-def registry_of(families: Iterable[Metric]) -> CollectorRegistry:
-    """A registry holding just ``families`` (no process or platform metrics)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Families(families))
-    return registry
+    return urlunsplit((parts.scheme, public_netloc(parts), parts.path, "", ""))

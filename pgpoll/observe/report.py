@@ -8,8 +8,10 @@ the file's hash) and inlined with the data, which is JSON in a ``<script type="a
 What it shows, over the batches' commit times: the changes per batch, the throughput (changes per second
 between two commits), the lag at commit (how old the newest change of a batch was when the batch
 committed) and the bytes written and WAL read per batch; then the batches with the largest lag and the
-largest batches, the snapshots, and with a DSN the slot now (``pgpoll status``'s figures and alerts).
-The commit log has no batch durations; the run history (another part of :mod:`pgpoll.observe`) will.
+largest batches, the gaps on record (changes missing from the output, marked by ``pgpoll resync``), the
+snapshots, and with a DSN the slot now (``pgpoll status``'s figures and alerts). The commit log knows
+batches, not runs, so the runs come from the run history: per job how many ran, failed and were
+interrupted and how long they took, the slowest runs, and the failed ones with their exit codes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pgpoll.observe.report_data import Batch, ReportData
+from pgpoll.observe.run_history import RunRecord
 
 VENDOR = Path(__file__).with_name("vendor") / "uplot"
 TOP = 10
@@ -102,6 +105,30 @@ def _batch_rows(batches: list[Batch]) -> list[list[Any]]:
 BATCH_HEAD = ["seq", "committed (UTC)", "changes", "bytes", "lag at commit (s)", "LSN range"]
 
 
+RUN_HEAD = ["ended (UTC)", "job", "seconds", "status", "exit code", "error", "batches", "changes"]
+
+
+def _run_rows(runs: list[RunRecord]) -> list[list[Any]]:
+    return [[_when(r.ended.timestamp()), r.job, r.seconds, r.status, r.exit_code, r.error, r.batches, r.changes]
+            for r in runs]
+
+
+def _runs(data: ReportData) -> str:
+    """Per job: the runs (all ever recorded), how they ended and how long they took (the records kept)."""
+    if not data.run_totals:
+        return "<p>No run recorded (the run history begins with this version's first run).</p>"
+    rows = []
+    for job, totals in sorted(data.run_totals.items()):
+        took = sorted(r.seconds for r in data.runs if r.job == job)
+        last = next((r for r in reversed(data.runs) if r.job == job), None)
+        rows.append([job, totals.runs, totals.failures, totals.interrupted,
+                     took[len(took) // 2] if took else None, took[-1] if took else None,
+                     f"{last.status} ({_when(last.ended.timestamp())})" if last else None])
+    kept = f"<p>Durations of the newest {len(data.runs):,} runs ({data.runs_dropped:,} older ones only counted).</p>"
+    return _table(["job", "runs", "failed", "interrupted", "median seconds", "longest seconds", "last run"], rows,
+                  "runs") + (kept if data.runs_dropped else "")
+
+
 def _figures(data: ReportData) -> str:
     b = data.batches
     span = (b[-1].committed_at - b[0].committed_at) if len(b) > 1 else 0.0
@@ -111,6 +138,9 @@ def _figures(data: ReportData) -> str:
         ("first commit", _when(b[0].committed_at) if b else "none"), ("last commit", _when(b[-1].committed_at) if b else ""),
         ("changes/s over the whole span", f"{sum(x.rows for x in b[1:]) / span:,.1f}" if span > 0 else ""),
         ("snapshots", f"{len(data.snapshots)} ({sum(s.complete for s in data.snapshots)} complete)"),
+        ("runs", f"{sum(t.runs for t in data.run_totals.values()):,} "
+                 f"({sum(t.failures for t in data.run_totals.values()):,} failed)"),
+        ("gaps", f"{len(data.gaps)}"),
     ]
     return '<table id="figures" class="figures">' + "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in figures) + "</table>"
@@ -134,6 +164,11 @@ def render(data: ReportData) -> str:
         [[s.snapshot_id, ", ".join(s.tables), "yes" if s.complete else "no", s.rows, s.completed_at, s.convergence_lsn]
          for s in data.snapshots], "snapshots",
     ) if data.snapshots else "<p>No snapshot.</p>"
+    slowest = sorted(data.runs, key=lambda r: (-r.seconds, r.ended_at))[:TOP]
+    failed = [r for r in reversed(data.runs) if not r.succeeded and r.status != "interrupted"][:TOP]  # newest first
+    gaps = _table(["seq", "marked (UTC)", "missing after LSN", "through LSN"],
+                  [[g.seq, g.marked_at, g.after, g.through] for g in data.gaps], "gaps") if data.gaps else (
+        "<p>None: the output holds every change since its first batch.</p>")
     payload = json.dumps({"batches": [asdict(b) for b in data.batches], "charts": CHARTS}).replace("</", "<\\/")
     charts = "".join(f'<div class="chart" id="{cid}"></div>' for cid, _title, _label in CHARTS) if data.batches else (
         "<p>No batch has been committed yet.</p>")
@@ -143,7 +178,8 @@ def render(data: ReportData) -> str:
 <style>{style}</style><style>{_STYLE}</style></head>
 <body data-charts-drawn="0">
 <h1>{html.escape(title)}</h1>
-<p>Generated {html.escape(data.generated_at)} from the output's commit log{" and the slot" if data.slots else ""}.</p>
+<p>Generated {html.escape(data.generated_at)} from the output's commit log and run history{
+    " and the slot" if data.slots else ""}.</p>
 {_figures(data)}
 <h2>The slot now</h2>
 {_slots(data.slots)}
@@ -153,6 +189,14 @@ def render(data: ReportData) -> str:
 {_table(BATCH_HEAD, _batch_rows(by_lag), "largest-lag") if by_lag else "<p>None.</p>"}
 <h2>The largest batches</h2>
 {_table(BATCH_HEAD, _batch_rows(by_size), "largest-batches") if by_size else "<p>None.</p>"}
+<h2>Gaps</h2>
+{gaps}
+<h2>Runs</h2>
+{_runs(data)}
+<h2>The slowest runs</h2>
+{_table(RUN_HEAD, _run_rows(slowest), "slowest-runs") if slowest else "<p>None.</p>"}
+<h2>The newest failed runs</h2>
+{_table(RUN_HEAD, _run_rows(failed), "failed-runs") if failed else "<p>None.</p>"}
 <h2>Snapshots</h2>
 {snapshots}
 <script type="application/json" id="report-data">{payload}</script>

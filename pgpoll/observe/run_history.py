@@ -33,8 +33,6 @@ from pgpoll.sink.stores.output_fs import OutputFs
 
 log = logging.getLogger("pgpoll.observe")
 
-RUNS = f"{layout.META}/runs"
-HISTORY = f"{layout.META}/runs.json"
 FOLD_AT = 20
 """Record files that make the next run fold them (each run lists ``runs/`` and reads these: keep it small)."""
 KEEP = 500
@@ -162,7 +160,7 @@ def merged(history: History, unfolded: list[RunRecord]) -> History:
 
 
 def _read_folded(fs: OutputFs) -> tuple[History, str | None]:
-    found = fs.read_tagged(fs.path(HISTORY))
+    found = fs.read_tagged(fs.path(layout.RUNS_FOLDED))
     if found is None:
         return History(), None
     text, tag = found
@@ -172,11 +170,11 @@ def _read_folded(fs: OutputFs) -> tuple[History, str | None]:
 def _read_unfolded(fs: OutputFs) -> dict[str, RunRecord]:
     """The record files not folded yet, by file name (a file that vanished under a concurrent fold is skipped)."""
     found: dict[str, RunRecord] = {}
-    for name, is_dir, _size in sorted(fs.list(fs.path(RUNS))):
+    for name, is_dir, _size in sorted(fs.list(fs.path(layout.RUNS))):
         if is_dir or not RECORD_NAME.match(name):  # not a store's temporary file of a record being created
             continue
         try:
-            found[name] = RunRecord.from_json(json.loads(fs.read_text(fs.path(RUNS, name))))
+            found[name] = RunRecord.from_json(json.loads(fs.read_text(fs.path(layout.RUNS, name))))
         except (PgpollError, ValueError, TypeError) as exc:  # folded and deleted meanwhile, or not ours
             log.debug("run record %s skipped: %s", name, exc)
     return found
@@ -191,18 +189,18 @@ def load_history(fs: OutputFs) -> History:
 def _fold_files(fs: OutputFs, files: dict[str, RunRecord], history: History, tag: str | None) -> None:
     """Fold ``files`` into the history with one compare-and-swap, then delete them (only if the swap won)."""
     text = fold(history, list(files.values()), keep=KEEP).to_json()
-    path = fs.path(HISTORY)
+    path = fs.path(layout.RUNS_FOLDED)
     won = fs.create_exclusive(path, text) if tag is None else fs.swap(path, text, tag)
     if not won:  # another run folded first: its history holds these records or will on the next fold
         return
     for name in files:
-        fs.delete(fs.path(RUNS, name))
+        fs.delete(fs.path(layout.RUNS, name))
 
 
 def record_run(fs: OutputFs, record: RunRecord) -> History:
     """Write ``record`` as its own file, fold when enough files gathered; returns the whole history with it."""
-    fs.mkdirs(fs.path(RUNS))
-    fs.create_exclusive(fs.path(RUNS, record.file_name()), record.to_json())
+    fs.mkdirs(fs.path(layout.RUNS))
+    fs.create_exclusive(fs.path(layout.RUNS, record.file_name()), record.to_json())
     history, tag = _read_folded(fs)
     files = _read_unfolded(fs)
     files.setdefault(record.file_name(), record)  # a store that lists late still counts this run

@@ -24,12 +24,9 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from prometheus_client import push_to_gateway, pushadd_to_gateway
-from prometheus_client.exposition import basic_auth_handler, default_handler
-
 from pgpoll.cli.exitcodes import SLOT_BUSY, exit_code_for
 from pgpoll.errors import SinkError
-from pgpoll.observe.metrics import output_label, registry_of, run_families
+from pgpoll.observe.metrics import output_label, public_netloc
 from pgpoll.observe.run_history import History, RunRecord, record_run
 from pgpoll.sink import layout
 from pgpoll.sink.stores.filesystem import needs_spark, open_output
@@ -120,18 +117,30 @@ def grouping_key(record: RunRecord, output: str) -> dict[str, str]:
     return key
 
 
-def push_run(url: str, record: RunRecord, history: History | None, *, output: str) -> bool:
-    """Push ``record``'s metrics: ``PUT`` after a success with its history, else ``POST``; False (warned) on failure."""
+def push_target(url: str) -> tuple[str, str | None, str | None]:
+    """The Pushgateway's URL without its credentials (what is requested and shown), and its user and password."""
     parts = urlsplit(url)
-    netloc = f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname or ""
-    shown = urlunsplit((parts.scheme, netloc, parts.path, "", "")) if parts.netloc else url  # no password
+    if not parts.netloc:
+        return url, None, None
+    return urlunsplit((parts.scheme, public_netloc(parts), parts.path, "", "")), parts.username, parts.password
+
+
+def push_run(url: str, record: RunRecord, history: History | None, *, output: str) -> bool:
+    """Push ``record``'s metrics: ``PUT`` after a success with its history, else ``POST``; False (warned) on failure.
+
+    ``prometheus_client`` is imported here, not with this module: a run without a Pushgateway never needs it."""
+    from prometheus_client import push_to_gateway, pushadd_to_gateway
+    from prometheus_client.exposition import basic_auth_handler, default_handler
+
+    from pgpoll.observe.metric_families import registry_of, run_families
+
+    shown, user, password = push_target(url)
     handler: Any = default_handler
-    if parts.username is not None:
-        user, password = parts.username, parts.password or ""
+    if user is not None:
 
         def with_auth(url: str, method: str, timeout: float | None, headers: list[tuple[str, str]],
                       data: bytes) -> Any:
-            return basic_auth_handler(url, method, timeout, headers, data, user, password)
+            return basic_auth_handler(url, method, timeout, headers, data, user, password or "")
 
         handler = with_auth
     replace = record.succeeded and history is not None

@@ -11,7 +11,8 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from pgpoll.observe.metrics import ALERTS, BY_NAME, POSITIONS, output_label, registry_of
+from pgpoll.observe.metric_families import registry_of
+from pgpoll.observe.metrics import ALERTS, BY_NAME, POSITIONS, output_label
 from pgpoll.status import StatusReport
 
 

@@ -9,7 +9,9 @@ log, :mod:`pgpoll.sink.commit.log`), ``staging/`` (batches being written:
 ``<id>.plan.json``, ``<id>/``, ``<id>-tables/``), ``unrecorded/`` (partitions
 no record names, set aside by recovery), ``lease.json`` (the run holding the
 output), ``rejects/`` (rows that could not be decoded), ``schemas/`` (table
-shapes by id), ``tables/`` (each typed table's column ledger).
+shapes by id), ``tables/`` (each typed table's column ledger), ``runs/`` and
+``runs.json`` (the run history: one record file per run, and their fold,
+:mod:`pgpoll.observe.run_history`).
 
 With ``--typed-tables``, ``PATH/tables/<schema>.<table>/lsn_range=.../`` holds
 each table's typed changes of the same batch. In ``<schema>.<table>`` each
@@ -47,6 +49,8 @@ LEASE = f"{META}/lease.json"
 PLAN_SUFFIX = ".plan.json"
 TABLES_SUFFIX = "-tables"
 REJECTS = f"{META}/rejects"
+RUNS = f"{META}/runs"
+RUNS_FOLDED = f"{META}/runs.json"
 SNAPSHOTS = "snapshots"
 SNAPSHOT_META = f"{META}/snapshots"
 SNAPSHOT_LEASES = f"{META}/leases"

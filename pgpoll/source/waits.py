@@ -144,8 +144,8 @@ class CallWatch:
                                 raw, slots = standby_slots(cur)
                                 problem = "; ".join(p for p in (s.problem for s in slots) if p) or None
                                 standby_bad_since = (standby_bad_since or now) if problem else None
-                                if standby_bad_since is not None and now - standby_bad_since >= STANDBY_GRACE:
-                                    self._cancel(cur, activity, raw, problem or "")
+                                if (standby_bad_since is not None and now - standby_bad_since >= STANDBY_GRACE
+                                        and self._cancel(cur, activity, raw, problem or "")):
                                     return
                             else:
                                 standby_bad_since = None
@@ -173,8 +173,10 @@ class CallWatch:
             return f"{head}: {_lock_text(cur, self._pid)}"
         return head
 
-    def _cancel(self, cur: Any, activity: Activity, raw: str, problem: str) -> None:
-        self.verdict = StandbyWaitError(
+    def _cancel(self, cur: Any, activity: Activity, raw: str, problem: str) -> bool:
+        """Cancel the call; True when the server did. The verdict is set only then: set before, a cancel that
+        failed (raised, or found no backend) would turn a later, unrelated error of the call into this one."""
+        verdict = StandbyWaitError(
             f"{self.what} waited {activity.seconds:.0f} s for synchronized_standby_slots = '{raw}' to confirm WAL "
             f"and was cancelled: {problem}",
             "create the standby's physical slot and let it stream, or remove the slot from synchronized_standby_slots "
@@ -182,7 +184,12 @@ class CallWatch:
             "e.g. on a promoted standby that still has the old primary's setting",
         )
         cur.execute("SELECT pg_cancel_backend(%s)", (self._pid,))
-        self.report(self.verdict.message)
+        row = cur.fetchone()
+        if not (row and row[0]):  # the backend is gone (the call ended meanwhile): nothing was cancelled
+            return False
+        self.verdict = verdict
+        self.report(verdict.message)
+        return True
 
 
 def _activity(cur: Any, pid: int) -> Activity | None:

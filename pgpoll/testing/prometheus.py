@@ -84,13 +84,18 @@ class Monitoring:
         prometheus = binary("prometheus", "PGPOLL_TEST_PROMETHEUS")
         if gateway is None or prometheus is None:
             raise RuntimeError(f"not installed: {', '.join(missing())}")
-        self._spawn("pushgateway", [gateway, f"--web.listen-address=127.0.0.1:{gateway_port}"])
-        self._spawn("prometheus", [
-            prometheus, f"--config.file={self.root / 'prometheus.yml'}", f"--storage.tsdb.path={self.root / 'data'}",
-            f"--web.listen-address=127.0.0.1:{prometheus_port}", "--log.level=warn",
-        ])
-        _wait_ready(self.pushgateway_url, self.processes[0], self.root / "pushgateway.log")
-        _wait_ready(self.prometheus_url, self.processes[1], self.root / "prometheus.log")
+        try:  # a server that does not start stops the other: the caller gets no object to stop
+            self._spawn("pushgateway", [gateway, f"--web.listen-address=127.0.0.1:{gateway_port}"])
+            self._spawn("prometheus", [
+                prometheus, f"--config.file={self.root / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.root / 'data'}", f"--web.listen-address=127.0.0.1:{prometheus_port}",
+                "--log.level=warn",
+            ])
+            _wait_ready(self.pushgateway_url, self.processes[0], self.root / "pushgateway.log")
+            _wait_ready(self.prometheus_url, self.processes[1], self.root / "prometheus.log")
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def _spawn(self, name: str, argv: list[str]) -> None:

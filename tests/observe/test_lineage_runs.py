@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -194,15 +196,63 @@ def test_nothing_is_sent_unconfigured_or_disabled_and_a_server_down_is_only_a_wa
     [line] = result.stdout.splitlines()
     assert json.loads(line)["status"] == "ok" and '"eventType"' not in caplog.text
 
-    (tmp_path / "down.yml").write_text(  # a closed port, no retries (the client's default retries for seconds)
-        "transport:\n  type: http\n  url: http://127.0.0.1:9\n  timeout: 2\n  retry:\n    total: 0\n")
-    caplog.clear()
-    result = _run({"PGPOLL_DSN": db.dsn, "OPENLINEAGE_CONFIG": str(tmp_path / "down.yml")}, *args)
-    assert result.exit_code == 0, result.output
-    _only_summaries(result.stdout)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "pgpoll.observe"]
-    assert len(warnings) == 2 and all("not sent" in w for w in warnings), warnings
-    assert warnings[0].startswith("OpenLineage START event") and "COMPLETE" in warnings[1]
+    # a lineage server down (a closed port), configured without retry or timeout, the two ways: the run is not
+    # held by the client's default retries (~9 s an event before pgpoll's defaults; now one refused connect)
+    (tmp_path / "down.yml").write_text(f"transport:\n  type: http\n  url: http://127.0.0.1:{_closed_port()}\n")
+    for env in ({"OPENLINEAGE_CONFIG": str(tmp_path / "down.yml")},
+                {"OPENLINEAGE_URL": f"http://127.0.0.1:{_closed_port()}"}):
+        caplog.clear()
+        started = time.monotonic()
+        result = _run({"PGPOLL_DSN": db.dsn, **env}, *args)
+        took = time.monotonic() - started
+        assert result.exit_code == 0, result.output
+        assert took < 8, f"a run took {took:.1f} s with its lineage server down ({env})"
+        _only_summaries(result.stdout)
+        warnings = [r.getMessage() for r in caplog.records if r.name == "pgpoll.observe"]
+        assert len(warnings) == 2 and all("not sent" in w for w in warnings), warnings
+        assert warnings[0].startswith("OpenLineage START event") and "COMPLETE" in warnings[1]
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released): a connection to it is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_http_transports_get_no_retry_and_a_short_timeout_unless_their_configuration_sets_them(
+    receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from openlineage.client.transport.http_common import DEFAULT_RETRY_CONFIG
+
+    from pgpoll.observe.lineage import HTTP_TIMEOUT, _client, with_defaults
+
+    monkeypatch.setenv("OPENLINEAGE_URL", receiver.url)
+    monkeypatch.setenv("OPENLINEAGE_ENDPOINT", "custom/lineage")
+    transport = _client().transport
+    assert (transport.config.retry["total"], transport.timeout) == (0, HTTP_TIMEOUT)
+    assert (transport.url, transport.endpoint) == (receiver.url, "custom/lineage")  # the client's own form kept
+    monkeypatch.delenv("OPENLINEAGE_URL")
+
+    (tmp_path / "openlineage.yml").write_text(  # the user's retry and timeout win; pgpoll fills only the gaps
+        f"transport:\n  type: http\n  url: {receiver.url}\n  timeout: 2\n  retry:\n    total: 3\n")
+    transport = _client().transport
+    assert (transport.config.retry["total"], transport.timeout) == (3, 2)
+    assert transport.config.retry["backoff_factor"] == DEFAULT_RETRY_CONFIG["backoff_factor"]
+    (tmp_path / "openlineage.yml").unlink()
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TYPE", "http")
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__URL", receiver.url)
+    monkeypatch.setenv("OPENLINEAGE__TRANSPORT__TIMEOUT", "1.5")
+    transport = _client().transport
+    assert (transport.config.retry["total"], transport.timeout) == (0, 1.5)
+
+    composite = with_defaults({"type": "composite", "transports": {
+        "a": {"type": "http", "url": "http://a"}, "b": {"type": "file", "log_file_path": "x"},
+        "c": {"type": "http", "url": "http://c", "retry": {"total": 2}}}})
+    assert composite["transports"]["a"] == {"type": "http", "url": "http://a", "timeout": HTTP_TIMEOUT,
+                                            "retry": {"total": 0}}
+    assert composite["transports"]["b"] == {"type": "file", "log_file_path": "x"}
+    assert (composite["transports"]["c"]["retry"], composite["transports"]["c"]["timeout"]) == ({"total": 2}, 5.0)
 
 
 def test_a_run_that_cannot_reach_its_server_fails_alike_with_lineage_and_its_fail_event_has_no_secret(
@@ -266,3 +316,27 @@ def test_a_stopped_run_ends_with_abort(db: Any, tmp_path: Path, receiver: Receiv
     assert summary.status == "interrupted"
     _start, aborted = receiver.take()
     assert aborted["eventType"] == "ABORT" and aborted["job"]["name"] == f"pgpoll.ingest.{slot}"
+
+
+def test_a_run_a_stop_cuts_short_with_an_error_ends_with_abort(
+    db: Any, tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop that raises out of the run (materialize's StopRequestedError between tables) ends with ABORT, not
+    FAIL, and with no error message: the run was stopped, it did not fail."""
+    import signal
+
+    from pgpoll.materialize.run import MaterializeOptions, run_materialize
+    from pgpoll.stopping import StopRequest, StopRequestedError
+    from tests.ingest.conftest import ingest, make_capture
+
+    capture = make_capture(db, "test_decoding", tmp_path / "out")
+    db.execute("INSERT INTO items VALUES (1, 'a')")
+    assert ingest(db.dsn, *capture.args("--typed-tables")).exit_code == 0
+    monkeypatch.setenv("OPENLINEAGE_URL", receiver.url)
+    stop = StopRequest()
+    stop.request(signal.SIGINT)
+    with pytest.raises(StopRequestedError):
+        run_materialize(MaterializeOptions(output=capture.output), stop=stop)
+    start, aborted = receiver.take()
+    assert (start["eventType"], aborted["eventType"]) == ("START", "ABORT")
+    assert aborted["job"]["name"] == start["job"]["name"] and "errorMessage" not in aborted["run"]["facets"]

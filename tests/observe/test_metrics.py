@@ -7,7 +7,8 @@ import re
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgpoll.observe.metrics import METRICS, output_label, registry_of, run_families
+from pgpoll.observe.metric_families import registry_of, run_families
+from pgpoll.observe.metrics import METRICS, output_label
 from pgpoll.observe.run_history import History, RunRecord, fold
 from pgpoll.observe.runs import grouping_key
 

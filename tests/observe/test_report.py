@@ -1,9 +1,10 @@
-"""``pgpoll report``: an output with a few hundred committed batches and a snapshot, a real slot, the page
-opened in headless Chromium (Debian's, every host but loopback unreachable) with its four charts drawn.
+"""``pgpoll report``: an output with a few hundred committed batches, a gap, a run history and a snapshot, a
+real slot, the page opened in headless Chromium (Debian's, every host but loopback unreachable) with its four
+charts drawn and its gap and run tables shown.
 
-The batches are committed through the commit log's own ``create`` (the compare-and-set ingest commits
-with), so the report reads the same records ingest writes, three hundred of them without three hundred
-ingest runs.
+The batches and the gap are committed through the commit log's own ``create`` (the compare-and-set ingest
+and resync commit with), and the runs recorded with the run history's own ``record_run``, so the report
+reads the same records the jobs write, without three hundred ingest runs.
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ from pgpoll.cli.main import cli
 from pgpoll.lsn import Lsn
 from pgpoll.observe.report import VENDOR, render
 from pgpoll.observe.report_data import ReportData, read_output
+from pgpoll.observe.run_history import FOLD_AT, RunRecord, record_run
 from pgpoll.sink.commit.log import CommitLog
-from pgpoll.sink.commit.records import CommitRecord
+from pgpoll.sink.commit.records import GAP, GAP_VERSION, CommitRecord
 from pgpoll.sink.snapshot_store import SnapshotStore
 from pgpoll.sink.stores.filesystem import open_output
 from tests.docs.chromium import Node, browser, find_chromium
 
 OFFLINE = ("--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1", "--window-size=1280,1000")
 BATCHES = 300
+RUNS = FOLD_AT + 5
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
 
@@ -51,6 +54,20 @@ def _fill(output: Path, slot: str) -> None:
             bytes=rows * 100,
         ))
         lsn += 4096
+    assert log.create(CommitRecord(  # pgpoll resync marked a gap after the last batch
+        start=str(Lsn(lsn)), end=str(Lsn(lsn)), rows=0, files=[], partition=None, slot=slot, plugin="pgoutput",
+        version=GAP_VERSION, seq=BATCHES + 1, prev=BATCHES, kind=GAP, resume=str(Lsn(lsn + 0x5000)),
+        committed_at=_iso(T0 + timedelta(minutes=5 * BATCHES + 1)),
+    ))
+    for n in range(RUNS):  # more than FOLD_AT: some folded into runs.json, the newest still files
+        ended = T0 + timedelta(minutes=5 * n + 1)
+        failed = n == 7
+        record_run(fs, RunRecord(
+            run_id=f"run{n:02d}", job="ingest" if n % 4 else "materialize", started_at=_iso(ended - timedelta(
+                seconds=30)), ended_at=_iso(ended), seconds=412.5 if n == 11 else 30.0 + n, slot=slot,
+            status="error" if failed else "ok", exit_code=4 if failed else 0, batches=n, changes=10 * n,
+            error="PublicationNotFoundError" if failed else None,
+        ))
     store = SnapshotStore(fs, "20261101T000000Z-ab12")
     store.create_plan({"tables": [{"schema": "public", "table": "items"}]})
     store.write_complete({"snapshot_id": store.snapshot_id, "completed_at": "2026-11-01T00:10:00Z",
@@ -86,6 +103,7 @@ def test_report_of_hundreds_of_batches_draws_its_charts_offline_in_chromium(db: 
     assert password not in text and "<script src" not in text and "<link" not in text  # self-contained
     data = read_output(open_output(str(out)), str(out), "now")
     assert len(data.batches) == BATCHES and data.batches[99].lag_s == 900.0
+    assert len(data.runs) == RUNS and (out / "_pgpoll" / "runs.json").exists()  # folded and unfolded alike
 
     with browser(chromium, OFFLINE) as b:
         session = b.open(page.as_uri())
@@ -105,6 +123,15 @@ def test_report_of_hundreds_of_batches_draws_its_charts_offline_in_chromium(db: 
     assert slot in tables["slots"].text()
     assert "20261101T000000Z-ab12" in tables["snapshots"].text() and "1,234" in tables["snapshots"].text()
     assert f"{BATCHES:,}" in tables["figures"].text()
+    [gap] = [[c.text() for c in r.find_all("td")] for r in tables["gaps"].find_all("tr")[1:]]
+    assert gap[0] == str(BATCHES + 1) and gap[3] == str(Lsn(0x1000000 + 4096 * BATCHES + 0x5000))
+    jobs = {cells[0]: cells for r in tables["runs"].find_all("tr")[1:] if (cells := [c.text() for c in r.find_all("td")])}
+    assert (jobs["ingest"][1:4], jobs["materialize"][1:4]) == (["18", "1", "0"], ["7", "0", "0"])
+    assert jobs["ingest"][5] == "412.5"  # the longest
+    slowest = tables["slowest-runs"].find_all("tr")[1].find_all("td")
+    assert (slowest[1].text(), slowest[2].text()) == ("ingest", "412.5")
+    [failed] = [[c.text() for c in r.find_all("td")] for r in tables["failed-runs"].find_all("tr")[1:]]
+    assert failed[1:6] == ["ingest", "37.0", "error", "4", "PublicationNotFoundError"]
 
 
 def _charts(doc: Node) -> int:

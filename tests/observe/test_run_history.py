@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from pgpoll.observe import run_history
-from pgpoll.observe.run_history import FOLD_AT, HISTORY, RUNS, History, RunRecord, fold, load_history, record_run
+from pgpoll.observe.run_history import FOLD_AT, History, RunRecord, fold, load_history, record_run
+from pgpoll.sink import layout
 from pgpoll.sink.stores.filesystem import open_output
 from pgpoll.testing.object_stores import StoreBucket
 
@@ -48,10 +49,10 @@ def test_each_run_is_a_file_until_enough_gather_then_one_fold(tmp_path: Path) ->
     fs = open_output(str(tmp_path))
     for n in range(FOLD_AT - 1):
         record_run(fs, rec(n))
-    assert not (tmp_path / HISTORY).exists()
-    assert len(list((tmp_path / RUNS).iterdir())) == FOLD_AT - 1
+    assert not (tmp_path / layout.RUNS_FOLDED).exists()
+    assert len(list((tmp_path / layout.RUNS).iterdir())) == FOLD_AT - 1
     history = record_run(fs, rec(FOLD_AT - 1))
-    assert (tmp_path / HISTORY).exists() and list((tmp_path / RUNS).iterdir()) == []
+    assert (tmp_path / layout.RUNS_FOLDED).exists() and list((tmp_path / layout.RUNS).iterdir()) == []
     assert len(history.records) == FOLD_AT and history.totals["ingest"].runs == FOLD_AT
     assert load_history(fs) == history
     record_run(fs, rec(FOLD_AT, exit_code=3, status="busy"))
@@ -65,11 +66,11 @@ def test_the_history_stays_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     fs = open_output(str(tmp_path))
     for n in range(30):
         record_run(fs, rec(n))
-    folded = History.parse((tmp_path / HISTORY).read_text())
+    folded = History.parse((tmp_path / layout.RUNS_FOLDED).read_text())
     assert [r.run_id for r in folded.records] == [f"r{n:05d}" for n in range(30 - 12, 30)]
     assert folded.totals["ingest"].runs == 30  # dropped records still count
     assert folded.dropped == 30 - 12
-    assert list((tmp_path / RUNS).iterdir()) == []
+    assert list((tmp_path / layout.RUNS).iterdir()) == []
 
 
 def test_racing_runs_lose_no_record(tmp_path: Path) -> None:
@@ -105,10 +106,10 @@ def test_racing_runs_lose_no_record(tmp_path: Path) -> None:
 def test_a_file_left_by_a_fold_that_died_is_not_counted_twice(tmp_path: Path) -> None:
     fs = open_output(str(tmp_path))
     folded = fold(History(), [rec(1), rec(2)])
-    fs.mkdirs(fs.path(RUNS))
-    fs.create_exclusive(fs.path(HISTORY), folded.to_json())
-    fs.create_exclusive(fs.path(RUNS, rec(2).file_name()), rec(2).to_json())  # the delete never happened
-    (tmp_path / RUNS / f"_tmp.1234.{rec(3).file_name()}").write_text(rec(3).to_json())  # a create in progress
+    fs.mkdirs(fs.path(layout.RUNS))
+    fs.create_exclusive(fs.path(layout.RUNS_FOLDED), folded.to_json())
+    fs.create_exclusive(fs.path(layout.RUNS, rec(2).file_name()), rec(2).to_json())  # the delete never happened
+    (tmp_path / layout.RUNS / f"_tmp.1234.{rec(3).file_name()}").write_text(rec(3).to_json())  # a create in progress
     assert load_history(fs).totals["ingest"].runs == 2
 
 
@@ -126,6 +127,6 @@ def test_the_history_folds_on_an_object_store_with_its_compare_and_swap(store_bu
     fs = open_output(store_bucket.url)
     for n in range(7):
         record_run(fs, rec(n))
-    assert [name for name, _d, _s in fs.list(fs.path(RUNS))] == [rec(6).file_name()]
+    assert [name for name, _d, _s in fs.list(fs.path(layout.RUNS))] == [rec(6).file_name()]
     history = load_history(fs)
     assert history.totals["ingest"].runs == 7 and len(history.records) == 7

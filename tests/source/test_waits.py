@@ -16,11 +16,13 @@ import threading
 import time
 from typing import Any
 
+import psycopg2
 import pytest
 from click.testing import CliRunner
 
 from pgpoll.cli.main import cli
 from pgpoll.source.failover import standby_slot_names
+from pgpoll.source.waits import STANDBY_WAIT, Activity, CallWatch
 
 
 @pytest.mark.parametrize("pool_mode", ["transaction"])
@@ -56,3 +58,22 @@ def test_standby_slot_names_split_like_the_server() -> None:
     assert standby_slot_names("") == []
     assert standby_slot_names("sb_slot") == ["sb_slot"]
     assert standby_slot_names(' SB1 , "Mixed ""q"" name",sb3 ') == ["sb1", 'Mixed "q" name', "sb3"]
+
+
+def test_a_cancel_that_fails_sets_no_standby_verdict(db: Any) -> None:
+    """The standby-wait verdict (what :func:`~pgpoll.source.waits.watched` raises instead of the call's error) is
+    set only once ``pg_cancel_backend`` cancelled: after a cancel that raised or found no backend, the call's
+    next error, unrelated, must stay itself."""
+    from pgpoll.source.connection import resolve_dsn
+
+    watch = CallWatch(resolve_dsn(db.dsn), 'the peek of slot "s"', report=lambda _line: None)
+    watch._pid = 2**31 - 1  # no backend has it: the server cancels nothing (false, and a WARNING)
+    stuck = Activity("active", "Client", STANDBY_WAIT, 61.0)
+    conn = db.connect()
+    cur = conn.cursor()
+    assert watch._cancel(cur, stuck, "sb", 'slot "sb" is missing') is False
+    assert watch.verdict is None
+    conn.close()
+    with pytest.raises(psycopg2.InterfaceError):  # the cancel itself fails (its connection is gone)
+        watch._cancel(cur, stuck, "sb", 'slot "sb" is missing')
+    assert watch.verdict is None
