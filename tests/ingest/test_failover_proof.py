@@ -135,6 +135,11 @@ def _standby_reports_ready(standby: ThrowawayCluster) -> None:
         assert items[name]["status"] == "ok", items[name]
     assert items["synced slot fs"] == {"check": "synced slot fs", "status": "ok", "value": "sync-ready", "fix": ""}
     assert standby.password not in checked.output
+    # the synced copy is no slot to capture from on the standby (it is decodable only after a promotion)
+    own = runner.invoke(cli, ["check", "--json", "--slot", "fs", "--dsn", standby.dsn()])
+    assert own.exit_code == 4
+    item = {row["check"]: row for row in map(json.loads, own.stdout.splitlines())}["slot fs on this standby"]
+    assert (item["status"], item["value"]) == ("fail", "synced from the primary")
     listed = runner.invoke(cli, ["slot", "list", "--json", "--dsn", standby.dsn()])
     row = next(r for r in map(json.loads, listed.stdout.splitlines()) if r["slot"] == "fs")
     assert (row["failover"], row["synced"], row["sync_ready"]) == (True, True, True)

