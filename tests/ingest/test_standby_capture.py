@@ -193,6 +193,14 @@ def test_capture_from_a_standby_lands_every_primary_change_once_and_writes_nothi
                                                  "value": "the standby's own slot", "fix": ""}
     assert items["hot_standby_feedback"]["status"] == "ok" and items["primary_slot_name"]["value"] == "sb1"
     assert items["plugin test_decoding"]["value"] == "not checked on a hot standby"
+    # what a standby refuses says so, with the fix
+    refused = CliRunner().invoke(cli, ["publication", "create", "more_pub", "--table", "public.app",
+                                       "--dsn", standby.dsn()])
+    assert refused.exit_code == 4 and "run this against the primary" in refused.stderr
+    if primary.major >= 17:
+        failover = CliRunner().invoke(cli, ["slot", "create", "fo", "--plugin", "pgoutput", "--failover",
+                                            "--dsn", standby.dsn()])
+        assert failover.exit_code == 4 and "create failover slots on the primary" in failover.stderr
 
     out = str(tmp_path / "out")
     args = ("--slot", "cap", "--output", out, "--publication", "app_pub", "--typed-tables")
@@ -256,3 +264,7 @@ def test_check_on_a_standby_before_16_fails_naming_the_version(pair: tuple[Throw
     assert items["logical decoding on this standby"]["status"] == "fail"
     assert items["logical decoding on this standby"]["value"] == "PostgreSQL 15"
     assert "capture from the primary" in items["logical decoding on this standby"]["fix"]
+    created = CliRunner().invoke(cli, ["slot", "create", "cap", "--plugin", "pgoutput", "--dsn", standby.dsn()])
+    assert created.exit_code == 4
+    assert "logical decoding cannot be used while in recovery" in created.stderr
+    assert "fix: a standby decodes its own slots from PostgreSQL 16" in created.stderr
