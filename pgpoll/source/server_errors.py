@@ -117,8 +117,8 @@ def _on_a_standby(msg: str, low: str, both: str, code: str | None) -> PgpollErro
         return SourceError(msg, "create failover slots on the primary; a slot created on a standby cannot be one",
                            sqlstate=code)
     if code == "25006" or "during recovery" in low or "recovery is in progress" in low:
-        return SourceError(msg, "the server is a hot standby (or the transaction read-only), which can be written "
-                           "nothing: run this against the primary", sqlstate=code)
+        return SourceError(msg, "the server is a hot standby (or the transaction read-only) and this needs the "
+                           "primary: run this against the primary", sqlstate=code)
     return None
 
 

@@ -11,14 +11,16 @@ against the standby's DSN several times: every insert the primary committed
 lands exactly once, and ``status`` works there. A standby cannot be written
 to, so no run writes a heartbeat: an idle run leaves the slot where it was,
 and a ``pgpoll.heartbeat`` message emitted on the primary reaches the
-standby's slot and moves it. Finally the Parquet state equals ``SELECT *`` on
-the primary.
+standby's slot and moves it. The Parquet state then equals ``SELECT *`` on
+the primary, and the Spark source's driver finds its run's end on the
+standby without writing.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +38,8 @@ from pgpoll.reader import read_changes_arrow
 from pgpoll.sink.commit.log import summarize
 from pgpoll.sink.layout import table_dir_name
 from pgpoll.source import waits
+from pgpoll.spark.source_options import parse_options
+from pgpoll.spark.stream_offsets import StreamOffsets
 from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs, wait_until
 from pgpoll.testing.pytest_plugin import TEST_SETTINGS
 from tests.ingest.conftest import ingest
@@ -172,6 +176,7 @@ def _checks(standby: ThrowawayCluster, *args: str) -> tuple[int, dict[str, dict[
 @pytest.mark.parametrize("pair", VERSIONS, indirect=True)
 def test_capture_from_a_standby_lands_every_primary_change_once_and_writes_nothing_there(
     pair: tuple[ThrowawayCluster, ThrowawayCluster], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     primary, standby = pair
     _sql(primary.dsn(), "CREATE TABLE app (id bigint PRIMARY KEY, v text NOT NULL, n int NOT NULL)")
@@ -254,6 +259,23 @@ def test_capture_from_a_standby_lands_every_primary_change_once_and_writes_nothi
     state = ds.dataset(str(Path(out) / "state" / table_dir_name("public", "app")), format="parquet").to_table()
     got = sorted((int(r["id"]), r["v"], int(r["n"])) for r in state.select(["id", "v", "n"]).to_pylist())
     assert got == sorted(_sql(primary.dsn(), "SELECT id, v, n FROM app"))
+
+    # the Spark source's driver on the standby: its run's end is the replay position, found by a decode (no write)
+    _sql(primary.dsn(), "INSERT INTO app VALUES (0, 'late', 0)")
+    _replayed(primary, standby)
+    offsets = StreamOffsets(parse_options({"slot": "cap", "dsn": standby.dsn(), "publication": "app_pub"},
+                                          streaming=True))
+    try:
+        with caplog.at_level(logging.WARNING, logger="pgpoll"):
+            start = offsets.initial()
+            offsets.prepare_available_now()
+            assert not offsets.cap_is_boundary
+            assert offsets.cap == Lsn.parse(_sql(standby.dsn(), "SELECT pg_last_wal_replay_lsn()::text")[0][0])
+            end = offsets.latest(start, None, None)
+        assert offsets.decodes == 1 and start < end <= offsets.cap
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    finally:
+        offsets.stop()
 
 
 @pytest.mark.parametrize("pair", [15], indirect=True)
