@@ -113,7 +113,7 @@ def _on_a_standby(msg: str, low: str, both: str, code: str | None) -> PgpollErro
     if "logical decoding cannot be used while in recovery" in low:
         return SourceError(msg, "a standby decodes its own slots from PostgreSQL 16: capture from the primary",
                            sqlstate=code)
-    if "failover" in low and "standby" in low:
+    if "cannot enable failover" in low and "standby" in low:
         return SourceError(msg, "create failover slots on the primary; a slot created on a standby cannot be one",
                            sqlstate=code)
     if code == "25006" or "during recovery" in low or "recovery is in progress" in low:
@@ -141,15 +141,15 @@ def translate(exc: BaseException, *, slot: str | None = None) -> PgpollError:
     if "wal_level" in low:
         where = "on the primary and restart it" if "on the primary" in low else "in postgresql.conf and restart the server"
         return WalLevelError(msg, f"set wal_level = logical {where}", sqlstate=code)
-    standby = _on_a_standby(msg, low, both, code)
-    if standby is not None:
-        return standby
     if any(marker in both for marker in _INVALIDATED):
         return SlotInvalidatedError(
             msg,
             "the slot lost WAL it needed: drop and recreate it, then `pgpoll snapshot` the captured tables into a new output",
             sqlstate=code,
         )
+    standby = _on_a_standby(msg, low, both, code)
+    if standby is not None:
+        return standby
     if "was not created in this database" in low:
         return SourceError(
             msg, "connect to the slot's database (see the database column of: pgpoll slot list)", sqlstate=code

@@ -9,8 +9,8 @@ read too, so that lag in time compares two timestamps from the same clock
 transaction with the pinned settings.
 
 On a hot standby (``pg_is_in_recovery()``) ``pg_current_wal_lsn()`` is an
-error ("WAL control functions cannot be executed during recovery",
-``xlogfuncs.c``); the WAL end there is ``pg_last_wal_replay_lsn()``, which is
+error ("recovery is in progress", hint "WAL control functions cannot be
+executed during recovery", ``xlogfuncs.c``); the WAL end there is ``pg_last_wal_replay_lsn()``, which is
 also where a peek on the standby stops (``pg_logical_slot_get_changes_guts``
 in ``logicalfuncs.c`` reads to ``GetXLogReplayRecPtr`` during recovery), and
 :attr:`ServerState.in_recovery` says which one was read.

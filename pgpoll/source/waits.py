@@ -29,9 +29,11 @@ Some waits show no wait event: a logical slot created on a hot standby
 reads the standby's WAL until the primary has logged a running-transactions
 record that lets it build its first snapshot, and between two looks at the
 replayed WAL the backend sleeps with ``pg_usleep`` (``read_local_xlog_page_guts``
-in ``xlogutils.c``), so ``pg_stat_activity`` shows it active with no wait event.
-A watch given a ``busy_note`` reports such a call too, with the note saying
-what it most likely waits for (:func:`standby_creation_note`).
+in ``xlogutils.c``), so ``pg_stat_activity`` shows it active with no wait event
+(or a short WAL read). A watch given a ``busy_note`` reports a call still
+active after :data:`FIRST_LOOK` seconds and not in one of the waits above,
+with the note saying what it most likely waits for
+(:func:`standby_creation_note`).
 
 Best effort: a watch that cannot connect or read says nothing and never
 fails the call.
@@ -115,7 +117,7 @@ class CallWatch:
         self.target = target
         self.what = what
         self.report = report or log.warning
-        self.busy_note = busy_note  # said of a call still active with no wait event (module docstring)
+        self.busy_note = busy_note  # said of a call still active but not waiting on a lock or IPC (module docstring)
         self.verdict: StandbyWaitError | None = None
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -167,10 +169,10 @@ class CallWatch:
                         elif activity is None or not activity.waiting:
                             standby_bad_since = None
                             if (self.busy_note and activity is not None and activity.state == "active"
-                                    and activity.wait_type is None and time.monotonic() - reported >= EVERY):
+                                    and time.monotonic() - reported >= EVERY):
                                 reported = time.monotonic()
                                 self.report(f"{self.what} has been running on the server for {activity.seconds:.0f} s "
-                                            f"(backend pid {self._pid}, no wait event): {self.busy_note}")
+                                            f"(backend pid {self._pid}): {self.busy_note}")
                 except Exception as exc:  # best effort: the call goes on whatever happens here
                     log.debug("wait watch of backend %s: %s", self._pid, exc)
                     _close(conn)
