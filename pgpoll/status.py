@@ -26,6 +26,15 @@ writes too and are flushed by the server about once a second: both can only
 make the lag look larger, never hide a pending change. TRUNCATE is not
 counted.
 
+On a hot standby the counters are not used: the startup process that
+replays the primary's writes counts none of them (a backend reports its
+counts at its own transaction's end), so the standby's counters stand still
+while the primary writes and would show a false 0. There the lag is
+"commit_time", and the WAL end is the standby's replay position
+(``pg_last_wal_replay_lsn()``): lag in bytes is WAL the standby has replayed
+that the slot has not consumed, not counting how far the standby itself is
+behind the primary.
+
 The output's position against the slot's ``confirmed_flush_lsn``:
 
 ``in_sync``
@@ -279,7 +288,7 @@ def collect_status(
     conn = connect(target, application_name="pgpoll status")
     try:
         state = read_server_state(conn, wanted)
-        counts = table_write_counts(conn, None) if caught_up is not None else None
+        counts = table_write_counts(conn, None) if caught_up is not None and not state.in_recovery else None
         verdicts = {info.name: _verdict(conn, info, output) for info in state.slots} if output is not None else {}
     finally:
         conn.close()

@@ -8,7 +8,7 @@ from pgpoll.cli.options import dsn_option, json_option, target
 from pgpoll.cli.output import echo_json, echo_table
 from pgpoll.errors import ConfigError, SlotGapError, SourceError
 from pgpoll.source.connection import ConnectionTarget, connect
-from pgpoll.source.failover import failover_checks
+from pgpoll.source.failover import failover_checks, standby_capture_checks
 from pgpoll.source.names import check_slot_name
 from pgpoll.source.preflight import FAIL, OK, CheckItem, run_checks
 from pgpoll.status import collect_status
@@ -30,7 +30,7 @@ def _slot_against_output(tgt: ConnectionTarget, slot: str, output: str) -> Check
               help="Also check that this output plugin is available.")
 @click.option("--publication", default=None, help="Also check that this publication exists.")
 @click.option("--slot", default=None, help="The slot to check: on PostgreSQL 17+ whether it is a failover slot; "
-              "with --output, against that output.")
+              "on a hot standby whether it is the standby's own slot; with --output, against that output.")
 @click.option("--output", default=None, metavar="PATH",
               help="Also check the slot against this output as ingest does before it reads: a gap (the slot past the "
                    "output's high-water mark), another server or a diverged timeline fail (exit 4).")
@@ -46,6 +46,7 @@ def check(plugin: str | None, publication: str | None, slot: str | None, output:
     try:
         items = run_checks(conn, plugin=plugin, publication=publication)
         items += failover_checks(conn, slot)  # PostgreSQL 17+: the slot, synchronized_standby_slots; a standby's sync
+        items += standby_capture_checks(conn, slot)  # a hot standby (16+): decoding there, the slot its own
     finally:
         conn.close()
     if output is not None and slot is not None:

@@ -13,7 +13,8 @@ from pgpoll.source import slots as slot_access
 from pgpoll.source.connection import connect
 from pgpoll.source.names import check_identifier, check_slot_name
 from pgpoll.source.publications import publication_exists
-from pgpoll.source.waits import CallWatch
+from pgpoll.source.server_state import in_recovery
+from pgpoll.source.waits import CallWatch, standby_creation_note
 
 
 def _slot_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -38,12 +39,15 @@ def create(name: str, plugin: str, two_phase: bool, failover: bool, dsn: str | N
 
     The creation waits for the transactions running when it starts to end; a
     wait longer than a few seconds is reported on stderr with the session it
-    waits for.
+    waits for. On a hot standby (PostgreSQL 16+) it also waits for the primary
+    to log a running-transactions record (SELECT pg_log_standby_snapshot() on
+    the primary): see the how-to 'Capture from a standby'.
     """
     tgt = target(dsn)
     conn = connect(tgt)
     try:
-        watch = CallWatch(tgt, f'the creation of slot "{name}"', _say)
+        note = standby_creation_note() if in_recovery(conn) else None
+        watch = CallWatch(tgt, f'the creation of slot "{name}"', _say, busy_note=note)
         info = slot_access.create_slot(conn, name, plugin, two_phase=two_phase, failover=failover, watch=watch)
     finally:
         conn.close()

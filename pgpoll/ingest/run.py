@@ -161,8 +161,11 @@ def _end_of_run_heartbeat(control: ControlConnection, run_id: str, plugin: str, 
     written since. The counters (``pg_stat_user_tables``), read *before* the
     heartbeat and so before the last peek, go into that batch's commit-log
     record: ``pgpoll status`` compares them with the current ones, and equal
-    counters mean no captured change can be pending.
+    counters mean no captured change can be pending. On a hot standby neither:
+    nothing can be written there and its counters miss the primary's writes.
     """
+    if control.on_standby():
+        return None
     stats = _write_counts(control, plugin, opts)
     control.emit_heartbeat(run_id)
     return stats

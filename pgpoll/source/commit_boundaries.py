@@ -208,15 +208,23 @@ def _last_boundary(conn: Any, slot: str, plugin: str, options: list[str], after:
     return Boundary(Lsn(last) if last is not None else None, int(changes), int(size), False, int(rows))
 
 
+_READ_UP_TO = """
+SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_flush_lsn() END)::text
+"""
+
+
 def flush_position(conn: Any) -> Lsn:
     """``pg_current_wal_flush_lsn()``: what a peek started now may read up to (a Trigger.AvailableNow target).
 
     A WAL position, not a boundary: it only caps boundaries, the slot is
-    never advanced to it.
+    never advanced to it. On a hot standby, where the flush position is an
+    error ("recovery is in progress"), it is ``pg_last_wal_replay_lsn()``:
+    a peek there reads up to what was replayed (``GetXLogReplayRecPtr`` in
+    ``pg_logical_slot_get_changes_guts``, ``logicalfuncs.c``, during recovery).
     """
     try:
         with pinned_transaction(conn) as cur:
-            cur.execute("SELECT pg_current_wal_flush_lsn()::text")
+            cur.execute(_READ_UP_TO)
             return Lsn.parse(cur.fetchone()[0])
     except psycopg2.Error as exc:
         raise translate(exc) from None

@@ -33,6 +33,7 @@ from pgpoll.lsn import Lsn
 from pgpoll.source import slots as slot_access
 from pgpoll.source.connection import ConnectionTarget, connect
 from pgpoll.source.server_errors import is_transient, translate
+from pgpoll.source.server_state import in_recovery
 from pgpoll.source.session import pinned_transaction
 from pgpoll.source.waits import CallWatch, backend_pid
 
@@ -179,8 +180,24 @@ class ControlConnection:
         watch = CallWatch(self.target, f'the advance of slot "{self.slot}"')  # a failover slot's advance can wait
         return self.call(lambda c: slot_access.advance_slot(c, self.slot, lsn, watch=watch))
 
-    def emit_heartbeat(self, run_id: str) -> Lsn:
-        """Write a transactional heartbeat message, committed synchronously; returns its LSN."""
+    def on_standby(self) -> bool:
+        """True when the server is a hot standby (:func:`pgpoll.source.server_state.in_recovery`)."""
+        return self.call(in_recovery)
+
+    def emit_heartbeat(self, run_id: str) -> Lsn | None:
+        """Write a transactional heartbeat message, committed synchronously; returns its LSN.
+
+        None on a hot standby, where nothing is written: a standby is
+        read-only (a transactional ``pg_logical_emit_message`` there fails
+        with XX000 "cannot assign TransactionIds during recovery",
+        ``GetNewTransactionId`` in ``varsup.c``). A slot on a
+        standby then advances only to the last change it returned, unless
+        the primary writes ``pgpoll.heartbeat`` messages, which reach the
+        standby's slot with the WAL (the how-to "Capture from a standby").
+        """
+        if self.on_standby():
+            log.info('the server is a hot standby: no heartbeat for slot "%s" (nothing can be written there)', self.slot)
+            return None
         content = json.dumps({"run": run_id, "at": datetime.now(UTC).isoformat()})
         watch = CallWatch(self.target, f'the heartbeat of slot "{self.slot}"')
         return self.call(lambda conn: write_heartbeat(conn, content, transactional=True, slot=self.slot, watch=watch))

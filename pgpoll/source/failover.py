@@ -14,6 +14,10 @@ keeps them (and adds ``two_phase_at``). A synced slot on a standby is
 it: ``synced AND NOT temporary`` and not invalidated (the query PostgreSQL's
 "Logical Replication Failover" chapter gives). On a primary the standby's copy
 is not visible, so that is unknown (None) there.
+
+A hot standby can also decode slots of its own (PostgreSQL 16+):
+:func:`standby_capture_checks` says what ``pgpoll check`` reports of that,
+with the same reading of the slot's columns.
 """
 
 from __future__ import annotations
@@ -190,8 +194,10 @@ def _standby_checks(cur: Any) -> list[CheckItem]:
         ("hot_standby_feedback", "on", "ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf()"),
     ):
         value = _setting(cur, name)
+        why = "for failover slots to be synced here" + (
+            ", and for a slot created here to keep the catalog rows it needs" if name == "hot_standby_feedback" else "")
         items.append(CheckItem(name, OK if value == want else WARN, value or "unknown",
-                               "" if value == want else f"for failover slots to be synced here: {fix}"))
+                               "" if value == want else f"{why}: {fix}"))
     slot_name = _setting(cur, "primary_slot_name")
     items.append(CheckItem("primary_slot_name", OK if slot_name else WARN, slot_name or "unset",
                            "" if slot_name else "stream from a physical slot on the primary (and name it in the primary's "
@@ -231,3 +237,69 @@ def _conninfo_dbname(conninfo: str) -> str | None:
         return psycopg2.extensions.parse_dsn(conninfo).get("dbname") if conninfo else None
     except psycopg2.ProgrammingError:
         return None
+
+
+def standby_capture_checks(conn: Any, slot: str | None = None) -> list[CheckItem]:
+    """What ``pgpoll check`` reports of capture from a hot standby (nothing on a primary).
+
+    Logical decoding on a standby needs PostgreSQL 16 (before, slot creation
+    there fails: "logical decoding cannot be used while in recovery"). A
+    slot created there needs ``hot_standby_feedback`` (its ``catalog_xmin``
+    reaches the primary's vacuum; without it replaying a removal of catalog
+    rows it needs invalidates it: ``ResolveRecoveryConflictWithSnapshot`` in
+    ``standby.c``, ``rows_removed``) and a physical slot on the primary
+    (``primary_slot_name``: it keeps that horizon while the standby is away);
+    17+ reports both in :func:`failover_checks`, so here they are for 16 only.
+    With ``slot``: it must be the standby's own slot, neither a synced copy
+    ("cannot use replication slot ... for logical decoding: This replication
+    slot is being synchronized from the primary server", ``CreateDecodingContext``
+    in ``logical.c``) nor invalidated.
+    """
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_is_in_recovery()")
+            if not cur.fetchone()[0]:
+                return []
+            version = int(conn.server_version)
+            if version < CONFLICTING_SINCE:
+                return [CheckItem("logical decoding on this standby", FAIL, f"PostgreSQL {version // 10000}",
+                                  "a standby decodes its own slots from PostgreSQL 16: capture from the primary",
+                                  SourceError)]
+            items: list[CheckItem] = []
+            if version < FAILOVER_SINCE:
+                feedback, slot_name = _setting(cur, "hot_standby_feedback"), _setting(cur, "primary_slot_name")
+                items.append(CheckItem(
+                    "hot_standby_feedback", OK if feedback == "on" else WARN, feedback or "unknown",
+                    "" if feedback == "on" else "a slot created here is invalidated when the primary's vacuum removes "
+                    "catalog rows it needs: ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf()"))
+                items.append(CheckItem(
+                    "primary_slot_name", OK if slot_name else WARN, slot_name or "unset",
+                    "" if slot_name else "stream from a physical slot on the primary: it keeps the feedback's "
+                    "horizon while this standby is disconnected"))
+            if slot is not None:
+                items.append(_standby_slot_item(cur, slot, version))
+            return items
+    except psycopg2.Error as exc:
+        raise translate(exc) from None
+
+
+def _standby_slot_item(cur: Any, slot: str, version: int) -> CheckItem:
+    name = f"slot {slot} on this standby"
+    cur.execute(f"SELECT slot_type, {slot_columns_sql(version)} FROM pg_replication_slots WHERE slot_name = %s",
+                (slot,))
+    row = cur.fetchone()
+    if row is None:
+        return CheckItem(name, WARN, "missing", f"create it here: pgpoll slot create {slot} --plugin pgoutput (see the "
+                         "how-to 'Capture from a standby')")
+    slot_type, _failover, synced, _ready, reason, conflicting = row
+    if slot_type != "logical":
+        return CheckItem(name, FAIL, f"a {slot_type} slot", "give a logical slot (pgpoll slot list)", SourceError)
+    if synced:
+        return CheckItem(name, FAIL, "synced from the primary",
+                         "a synced failover slot cannot be decoded on a standby (only after a promotion): create the "
+                         "standby's own slot to capture here, or capture from the primary", SourceError)
+    if reason is not None or conflicting:
+        return CheckItem(name, FAIL, f"invalidated ({reason or 'conflicting'})",
+                         "set hot_standby_feedback = on and primary_slot_name, then drop and recreate the slot: see the "
+                         "how-to 'Recover from a lost or moved slot'", SourceError)
+    return CheckItem(name, OK, "the standby's own slot")

@@ -105,8 +105,10 @@ def _run_checks(conn: Any, plugin: str | None, publication: str | None) -> list[
                       "unlimited: a stalled slot can fill the disk; set a limit and monitor wal_status"
                       if keep in ("-1", "") else "")
         )
+        cur.execute("SELECT pg_is_in_recovery()")
+        standby = bool(cur.fetchone()[0])
     if plugin:
-        items.append(_check_plugin(conn, plugin, wal_level == "logical" and priv_ok))
+        items.append(_check_plugin(conn, plugin, wal_level == "logical" and priv_ok, standby))
     if publication:
         with conn.cursor() as cur:
             cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,))
@@ -139,9 +141,18 @@ def _identity_checks(conn: Any, publication: str) -> list[CheckItem]:
     ]
 
 
-def _check_plugin(conn: Any, plugin: str, can_probe: bool) -> CheckItem:
+def _check_plugin(conn: Any, plugin: str, can_probe: bool, standby: bool) -> CheckItem:
+    """The plugin is built in (pgoutput) or a probe slot can be made with it.
+
+    Not on a hot standby: a slot created there waits for a running-transactions
+    record from the primary (none comes while the primary is idle), so the probe
+    could wait for ever.
+    """
     if plugin == "pgoutput":
         return CheckItem("plugin pgoutput", OK, "built in")
+    if standby:
+        return CheckItem(f"plugin {plugin}", WARN, "not checked on a hot standby",
+                         "a probe slot would wait for the primary: check it on the primary")
     if not can_probe:
         return CheckItem(f"plugin {plugin}", WARN, "not checked", "fix the failures above first")
     try:

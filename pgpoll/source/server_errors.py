@@ -95,6 +95,33 @@ _INVALIDATED = (
 )
 
 
+def _on_a_standby(msg: str, low: str, both: str, code: str | None) -> PgpollError | None:
+    """What a hot standby refuses, with the fix (the how-to "Capture from a standby"); None for other errors.
+
+    From the PostgreSQL source: a synced slot is not decoded during recovery
+    (``CreateDecodingContext``, ``logical.c``); before 16 no logical decoding
+    runs there (``CheckLogicalDecodingRequirements``); a failover slot is not
+    created there (``ReplicationSlotCreate``, ``slot.c``); and nothing that
+    writes runs there ("cannot assign TransactionIds during recovery",
+    ``varsup.c``; a read-only transaction, 25006; "recovery is in progress"
+    from the WAL position functions of ``xlogfuncs.c``).
+    """
+    if "being synchronized from the primary server" in both:
+        return SourceError(msg, "a slot synced from the primary (a failover slot's copy) cannot be decoded on a standby "
+                           "until it is promoted: create the standby's own slot there to capture from it, or capture "
+                           "from the primary", sqlstate=code)
+    if "logical decoding cannot be used while in recovery" in low:
+        return SourceError(msg, "a standby decodes its own slots from PostgreSQL 16: capture from the primary",
+                           sqlstate=code)
+    if "cannot enable failover" in low and "standby" in low:
+        return SourceError(msg, "create failover slots on the primary; a slot created on a standby cannot be one",
+                           sqlstate=code)
+    if code == "25006" or "during recovery" in low or "recovery is in progress" in low:
+        return SourceError(msg, "the server is a hot standby (or the transaction read-only) and this needs the "
+                           "primary: run this against the primary", sqlstate=code)
+    return None
+
+
 def translate(exc: BaseException, *, slot: str | None = None) -> PgpollError:
     """Map a psycopg2 error (or one that reads like it: ``pgcode``, ``pgerror``) to the most specific pgpoll error."""
     code = getattr(exc, "pgcode", None)
@@ -112,13 +139,17 @@ def translate(exc: BaseException, *, slot: str | None = None) -> PgpollError:
     if code == "42710" and "replication slot" in low:
         return SlotExistsError(msg, "choose another name, or drop the old slot: pgpoll slot drop NAME", sqlstate=code)
     if "wal_level" in low:
-        return WalLevelError(msg, "set wal_level = logical in postgresql.conf and restart the server", sqlstate=code)
+        where = "on the primary and restart it" if "on the primary" in low else "in postgresql.conf and restart the server"
+        return WalLevelError(msg, f"set wal_level = logical {where}", sqlstate=code)
     if any(marker in both for marker in _INVALIDATED):
         return SlotInvalidatedError(
             msg,
             "the slot lost WAL it needed: drop and recreate it, then `pgpoll snapshot` the captured tables into a new output",
             sqlstate=code,
         )
+    standby = _on_a_standby(msg, low, both, code)
+    if standby is not None:
+        return standby
     if "was not created in this database" in low:
         return SourceError(
             msg, "connect to the slot's database (see the database column of: pgpoll slot list)", sqlstate=code

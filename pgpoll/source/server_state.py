@@ -8,6 +8,13 @@ read too, so that lag in time compares two timestamps from the same clock
 (commit times are the server's). Everything is read in one read-only
 transaction with the pinned settings.
 
+On a hot standby (``pg_is_in_recovery()``) ``pg_current_wal_lsn()`` is an
+error ("recovery is in progress", hint "WAL control functions cannot be
+executed during recovery", ``xlogfuncs.c``); the WAL end there is ``pg_last_wal_replay_lsn()``, which is
+also where a peek on the standby stops (``pg_logical_slot_get_changes_guts``
+in ``logicalfuncs.c`` reads to ``GetXLogReplayRecPtr`` during recovery), and
+:attr:`ServerState.in_recovery` says which one was read.
+
 For ``status``'s lag without a peek (issue 15): :func:`captured_tables` names
 the tables a pgoutput publication captures, and :func:`table_write_counts`
 reads their cumulative inserts, updates and deletes from the statistics
@@ -68,12 +75,31 @@ class ServerState:
     current_lsn: Lsn
     server_time: datetime
     slots: tuple[slot_access.SlotInfo, ...]
+    in_recovery: bool = False
+    """A hot standby: ``current_lsn`` is its replay position, and its statistics miss the primary's writes."""
 
 
-def _server_clock(cur: Any) -> tuple[str, Lsn, datetime]:
-    cur.execute("SELECT current_database(), pg_current_wal_lsn()::text, clock_timestamp()")
-    database, lsn_text, now = cur.fetchone()
-    return str(database), Lsn.parse(lsn_text), now
+_CLOCK_SQL = """
+SELECT current_database(), pg_is_in_recovery(),
+       (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text,
+       clock_timestamp()
+"""
+
+
+def _server_clock(cur: Any) -> tuple[str, bool, Lsn, datetime]:
+    cur.execute(_CLOCK_SQL)
+    database, recovery, lsn_text, now = cur.fetchone()
+    return str(database), bool(recovery), Lsn.parse(lsn_text), now
+
+
+def in_recovery(conn: Any) -> bool:
+    """True on a hot standby (``pg_is_in_recovery()``): nothing can be written there, not even a logical message."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_is_in_recovery()")
+            return bool(cur.fetchone()[0])
+    except psycopg2.Error as exc:
+        raise translate(exc) from None
 
 
 def read_server_state(conn: Any, slot: str | None = None) -> ServerState:
@@ -83,14 +109,15 @@ def read_server_state(conn: Any, slot: str | None = None) -> ServerState:
     """
     try:
         with pinned_transaction(conn) as cur:
-            database, current_lsn, now = _server_clock(cur)
+            database, recovery, current_lsn, now = _server_clock(cur)
             if slot is not None:
                 infos = [slot_access.get_slot(conn, slot)]
             else:
                 infos = [i for i in slot_access.list_slots(conn) if i.slot_type == "logical" and i.database == database]
     except psycopg2.Error as exc:
         raise translate(exc, slot=slot) from None
-    return ServerState(database=database, current_lsn=current_lsn, server_time=now, slots=tuple(infos))
+    return ServerState(database=database, current_lsn=current_lsn, server_time=now, slots=tuple(infos),
+                       in_recovery=recovery)
 
 
 def table_key(schema: str, table: str) -> str:

@@ -25,6 +25,16 @@ fails with :class:`~pgpoll.errors.StandbyWaitError` (exit 4) naming the setting.
 An inactive slot gets that grace because a standby that restarts comes back;
 a slot that stays missing is a configuration left over from another server.
 
+Some waits show no wait event: a logical slot created on a hot standby
+reads the standby's WAL until the primary has logged a running-transactions
+record that lets it build its first snapshot, and between two looks at the
+replayed WAL the backend sleeps with ``pg_usleep`` (``read_local_xlog_page_guts``
+in ``xlogutils.c``), so ``pg_stat_activity`` shows it active with no wait event
+(or a short WAL read). A watch given a ``busy_note`` reports a call still
+active after :data:`FIRST_LOOK` seconds and not in one of the waits above,
+with the note saying what it most likely waits for
+(:func:`standby_creation_note`).
+
 Best effort: a watch that cannot connect or read says nothing and never
 fails the call.
 """
@@ -100,10 +110,14 @@ class CallWatch:
     channel); ``target`` is where the second connection goes.
     """
 
-    def __init__(self, target: ConnectionTarget, what: str, report: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, target: ConnectionTarget, what: str, report: Callable[[str], None] | None = None,
+        *, busy_note: str | None = None,
+    ) -> None:
         self.target = target
         self.what = what
         self.report = report or log.warning
+        self.busy_note = busy_note  # said of a call still active but not waiting on a lock or IPC (module docstring)
         self.verdict: StandbyWaitError | None = None
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -154,6 +168,11 @@ class CallWatch:
                                 self.report(self._describe(cur, activity, problem))
                         elif activity is None or not activity.waiting:
                             standby_bad_since = None
+                            if (self.busy_note and activity is not None and activity.state == "active"
+                                    and time.monotonic() - reported >= EVERY):
+                                reported = time.monotonic()
+                                self.report(f"{self.what} has been running on the server for {activity.seconds:.0f} s "
+                                            f"(backend pid {self._pid}): {self.busy_note}")
                 except Exception as exc:  # best effort: the call goes on whatever happens here
                     log.debug("wait watch of backend %s: %s", self._pid, exc)
                     _close(conn)
@@ -237,3 +256,17 @@ def watched(watch: CallWatch | None, cur: Any) -> Iterator[None]:
         raise
     finally:
         watch.stop()
+
+
+def standby_creation_note() -> str:
+    """What a slot's creation on a hot standby waits for, and what speeds it (a :class:`CallWatch` ``busy_note``).
+
+    A new slot needs a running-transactions WAL record from the primary
+    (``SnapBuildFindSnapshot`` in ``snapbuild.c``), and more of them while
+    transactions were running at the first. The primary's background writer
+    logs one every 15 s (``LOG_SNAPSHOT_INTERVAL_MS`` in ``bgwriter.c``), and
+    only when WAL was written since the last: an idle primary logs none.
+    """
+    return ("this server is a hot standby: a new slot waits for the primary to log a running-transactions record "
+            "(every 15 s while it writes, none while it is idle), and for the transactions running then to end; "
+            "run SELECT pg_log_standby_snapshot() on the primary to log one now")

@@ -259,6 +259,8 @@ class StreamOffsets:
         position = info.confirmed_flush_lsn or info.restart_lsn
         if position is not None and control.call(flush_position) <= position:
             return Lsn(position)  # nothing after the slot: no batch
+        if control.on_standby():  # nothing can be written there (the how-to "Capture from a standby")
+            return None
         try:
             end = control.call(functools.partial(mark_boundary, content=json.dumps({"run": self._run_id, "end": True})))
         except PgpollError as exc:

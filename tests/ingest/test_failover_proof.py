@@ -125,8 +125,8 @@ def _sync_ready(standby: ThrowawayCluster) -> bool:
     return rows == [(True,)]
 
 
-def _standby_reports_ready(standby: ThrowawayCluster) -> None:
-    """``check`` and ``slot list`` on the standby say it is ready for a failover."""
+def _standby_reports_ready(standby: ThrowawayCluster, out: Path) -> None:
+    """``check`` and ``slot list`` on the standby say it is ready for a failover; its copy is not read there."""
     runner = CliRunner()
     checked = runner.invoke(cli, ["check", "--json", "--dsn", standby.dsn()])
     assert checked.exit_code == 0, checked.output
@@ -135,6 +135,14 @@ def _standby_reports_ready(standby: ThrowawayCluster) -> None:
         assert items[name]["status"] == "ok", items[name]
     assert items["synced slot fs"] == {"check": "synced slot fs", "status": "ok", "value": "sync-ready", "fix": ""}
     assert standby.password not in checked.output
+    # the synced copy is no slot to capture from on the standby (it is decodable only after a promotion)
+    own = runner.invoke(cli, ["check", "--json", "--slot", "fs", "--dsn", standby.dsn()])
+    assert own.exit_code == 4
+    item = {row["check"]: row for row in map(json.loads, own.stdout.splitlines())}["slot fs on this standby"]
+    assert (item["status"], item["value"]) == ("fail", "synced from the primary")
+    copy = ingest(standby.dsn(), "--slot", "fs", "--output", str(out.parent / "from_copy"), "--publication", "app_pub")
+    assert copy.exit_code == 4 and "a slot synced from the primary" in copy.stderr
+    assert "create the standby's own slot" in copy.stderr
     listed = runner.invoke(cli, ["slot", "list", "--json", "--dsn", standby.dsn()])
     row = next(r for r in map(json.loads, listed.stdout.splitlines()) if r["slot"] == "fs")
     assert (row["failover"], row["synced"], row["sync_ready"]) == (True, True, True)
@@ -161,7 +169,7 @@ def test_a_failover_slot_continues_exactly_on_the_promoted_standby(
                 break
             assert time.monotonic() < deadline, f"the standby's copy of the slot was not sync-ready after {runs} runs"
             _sql(primary.dsn(), "SELECT pg_log_standby_snapshot()")
-        _standby_reports_ready(standby)
+        _standby_reports_ready(standby, Path(out))
         assert ingest(multi, *args).exit_code == 0  # the copy may lag the output: the re-advance covers that
         before = app.next_id
         assert wait_until(lambda: app.next_id > before + 20, timeout=10)

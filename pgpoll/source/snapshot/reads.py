@@ -89,7 +89,10 @@ def check_source(conn: Any, slot: str) -> SourceCheck:
         raise SourceError(
             "the server is a hot standby: its snapshots do not list running transactions, "
             "so a snapshot read there cannot be matched with the change stream",
-            "run the snapshot against the primary",
+            "run the snapshot with --dsn of the primary and a slot on the primary; the slot and the snapshot must be "
+            "on one server (pgpoll cannot yet read a snapshot from the primary for a standby's slot), so an output "
+            "captured from a standby's slot holds the changes from the slot's creation on: see the how-to "
+            "'Capture from a standby'",
         )
     if not exists:
         raise SlotNotFoundError(f'replication slot "{slot}" does not exist',

@@ -68,7 +68,8 @@ def test_a_hot_standby_is_refused(servers: tuple[ThrowawayCluster, ThrowawayClus
         conn.close()
     err = caught.value
     assert not isinstance(err, SlotNotFoundError)
-    assert "run the snapshot against the primary" in str(err) and exit_code_for(err) == SOURCE
+    assert "run the snapshot with --dsn of the primary" in str(err) and "Capture from a standby" in str(err)
+    assert exit_code_for(err) == SOURCE
     # the same slot on the primary passes
     conn = connect(resolve_dsn(primary.dsn()))
     try:
