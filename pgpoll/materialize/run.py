@@ -232,9 +232,10 @@ class Materializer(ParquetState):
         """
         if self.gap is None:
             return None
-        refusal = gap_refusal(self.gap, self.snapshots.latest(*parsed), f"{parsed[0]}.{parsed[1]}", self.opts.output)
+        snap = self.snapshots.latest(*parsed)
+        refusal = gap_refusal(self.gap, snap, f"{parsed[0]}.{parsed[1]}", self.opts.output)
         if refusal is None or captured_after_gap(self.gap, history.after(None, name), self._read_marker(name),
-                                                 complete_snapshots(self.fs)):
+                                                 complete_snapshots(self.fs), snap):
             return None
         return refusal
 

@@ -72,12 +72,13 @@ def gap_refusal(gap: CommitRecord, snap: TableSnapshot | None, qualified: str, o
 
 
 def captured_after_gap(gap: CommitRecord, records: Sequence[CommitRecord], marker: Mapping[str, Any] | None,
-                       snapshots: Sequence[tuple[Any, Mapping[str, Any], Any]]) -> bool:
+                       snapshots: Sequence[tuple[Any, Mapping[str, Any], Any]], snap: TableSnapshot | None) -> bool:
     """Whether a table without a snapshot after ``gap`` is known to have missed nothing in it.
 
     Its rows from before the gap are missing from a state built on the
     records after it only if the table was captured (and had rows) then, so
-    the answer is yes only when everything says it was not: no state built
+    the answer is yes only when everything says it was not: no snapshot of
+    it (``snap``: one from before the gap says it existed), no state built
     before the gap (``marker``), none of its ``records`` (all of them, in
     order) at or before the gap, and a complete snapshot planned after the
     gap's ``resume`` over the whole publication (no ``--tables`` or
@@ -87,6 +88,8 @@ def captured_after_gap(gap: CommitRecord, records: Sequence[CommitRecord], marke
     interrupted or restricted, a table that was captured before) it is
     refused, naming the snapshot that repairs it.
     """
+    if snap is not None:
+        return False  # snapshotted before the gap (one after it covers the table: not asked)
     if marker is not None and Lsn.parse(str(marker["position"])) <= gap.end_lsn:
         return False  # a state from before the gap: rows it lacks the gap's changes for
     if not records or records[0].seq < gap.seq:
