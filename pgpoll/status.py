@@ -52,8 +52,14 @@ The output's position against the slot's ``confirmed_flush_lsn``:
     the slot is at or behind the output but on another database system, or
     on a timeline that left the output's before its high-water mark.
 
-``slot_ahead_of_output``, ``other_server`` and ``timeline_diverged`` are
-alerts that ``ingest`` refuses to run on (exit 4): the shared check of
+``timeline_unverified``
+    the server is on another timeline than the output's newest record and
+    this role may not read the timeline history to tell (EXECUTE on
+    ``pg_read_binary_file``): reported, not raised, so the report is still
+    printed before the exit 4.
+
+``slot_ahead_of_output``, ``other_server``, ``timeline_diverged`` and
+``timeline_unverified`` are alerts that ``ingest`` refuses to run on (exit 4): the shared check of
 :mod:`pgpoll.source.slot_gap`, which reads the slot first and the output's
 head after it, and reads both again before it reports a gap, so a run that
 publishes and advances meanwhile never shows as one.

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from pgpoll.cli.options import dsn_option, json_option, target
 from pgpoll.cli.output import echo_json, echo_table
-from pgpoll.errors import ConfigError, SlotGapError, SourceError
+from pgpoll.errors import ConfigError, SourceError
 from pgpoll.source.connection import ConnectionTarget, connect
 from pgpoll.source.failover import failover_checks, standby_capture_checks
 from pgpoll.source.names import check_slot_name
-from pgpoll.source.preflight import FAIL, OK, CheckItem, run_checks
+from pgpoll.source.preflight import FAIL, OK, WARN, CheckItem, run_checks
+from pgpoll.source.server_identity import HISTORY_GRANT, can_read_timeline_history
 from pgpoll.status import collect_status
 
 
@@ -22,7 +25,15 @@ def _slot_against_output(tgt: ConnectionTarget, slot: str, output: str) -> Check
     value = f"{verdict.position} (slot at {verdict.slot.confirmed_flush_lsn}, output at {verdict.output.high_water_mark})"
     if verdict.error is None:
         return CheckItem("slot_vs_output", OK, value)
-    return CheckItem("slot_vs_output", FAIL, value, verdict.error.hint or "", SlotGapError)
+    return CheckItem("slot_vs_output", FAIL, value, verdict.error.hint or "", type(verdict.error))
+
+
+def _timeline_history(conn: Any) -> CheckItem:
+    """Whether the role can read timeline history: without it, the first run after any failover exits 4."""
+    if can_read_timeline_history(conn):
+        return CheckItem("timeline history", OK, "readable")
+    return CheckItem("timeline history", WARN, "not readable: a run after a failover is refused (exit 4)",
+                     HISTORY_GRANT)
 
 
 @click.command()
@@ -47,6 +58,7 @@ def check(plugin: str | None, publication: str | None, slot: str | None, output:
         items = run_checks(conn, plugin=plugin, publication=publication)
         items += failover_checks(conn, slot)  # PostgreSQL 17+: the slot, synchronized_standby_slots; a standby's sync
         items += standby_capture_checks(conn, slot)  # a hot standby (16+): decoding there, the slot its own
+        items.append(_timeline_history(conn))  # the gap check after a failover reads it (pgpoll.source.slot_gap)
     finally:
         conn.close()
     if output is not None and slot is not None:

@@ -23,7 +23,10 @@ EXIT_CODES: dict[int, str] = {
         "busy: another consumer or pgpoll run holds the slot, the output or the destination "
         "(the refused step changed nothing)"
     ),
-    SOURCE: "source precondition failed (missing slot or publication, wrong plugin, wal_level, privileges, invalidated slot)",
+    SOURCE: (
+        "source precondition failed (missing slot or publication, wrong plugin, wal_level, privileges, invalidated "
+        "slot, a slot moved past the output or on another history, a wait on synchronized_standby_slots cancelled)"
+    ),
     SINK: "sink error: output not writable or commit failed",
     DECODE: "decode error: plugin output could not be parsed",
     STATUS_ALERT: "status alert: lag above --max-lag-bytes",

@@ -17,6 +17,7 @@ from pgpoll.materialize.driver.run import requested_engine
 from pgpoll.materialize.iceberg.state import IcebergMaterializer
 from pgpoll.materialize.maintenance import DEFAULT_RETENTION, parse_retention
 from pgpoll.materialize.run import MaterializeOptions, Materializer, TableState, run_materialize
+from pgpoll.materialize.run_types import REFUSED, refused_error
 from pgpoll.spark.session import debug_requested
 from pgpoll.stopping import StopRequest
 
@@ -35,8 +36,11 @@ def _cancel_spark_jobs() -> None:
 
 
 def summary_json(status: str, exit_code: int, states: list[TableState], seconds: float, fmt: str) -> str:
-    """The run's last JSON line under ``--json``: status, exit code, tables, rows, seconds, format."""
+    """The run's last JSON line under ``--json``: status, exit code, tables (built and refused), rows, seconds,
+    format."""
+    refused = [s.table for s in states if s.mode == REFUSED]
     return json.dumps({"status": status, "exit_code": exit_code, "tables": len(states),
+                       "built": len(states) - len(refused), "refused": refused,
                        "rows": sum(s.rows for s in states), "seconds": round(seconds, 3), "format": fmt},
                       sort_keys=True)
 
@@ -103,12 +107,18 @@ def command(output: str, tables: tuple[str, ...], exclude_tables: tuple[str, ...
         if as_json:
             click.echo(st.to_json())
         else:
+            if st.mode == REFUSED:
+                click.echo(f"{st.table}: refused, not built -> {st.path}")  # why: in the error after the list
+                continue
             version = f", version {st.version}" if st.version is not None else ""
             snap = f", on snapshot {st.snapshot['id']}" if st.snapshot else ""
             click.echo(f"{st.table}: {st.rows} row(s) as of {st.position} ({st.mode}{version}{snap}) -> {st.path}")
             for w in st.warnings:
                 click.echo(f"  warning: {w}", err=True)
     status, code = ("interrupted", stop.exit_code) if stop.requested else ("ok", 0)
+    refusal = refused_error(states) if code == 0 else None
+    if refusal is not None:  # the covered tables were built; the refused ones are named, then exit 2
+        status, code = "refused", report_error(refusal)
     if as_json:
         click.echo(summary_json(status, code, states, time.monotonic() - started, fmt))
     if code:

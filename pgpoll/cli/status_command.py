@@ -3,7 +3,7 @@
 ``--format prometheus`` prints the same numbers as Prometheus gauges
 (:mod:`pgpoll.observe.status_metrics`). Exit codes: 0 all well; 4 when a slot is lost (``wal_status = lost``) or,
 with ``--output``, when ``ingest`` would refuse the slot against the output
-(``slot_ahead_of_output``, ``other_server``, ``timeline_diverged``); 7 when a
+(``slot_ahead_of_output``, ``other_server``, ``timeline_diverged``, ``timeline_unverified``); 7 when a
 slot's lag is above ``--max-lag-bytes``. 4 takes precedence over 7: a source
 problem is named before a lag. The report is printed first in every case,
 so a monitor gets the numbers with the verdict.
@@ -116,7 +116,8 @@ def command(output: str | None, slot: str | None, max_lag_bytes: int | None, fmt
         names = ", ".join(s.info.name for s in report.lost)
         raise SlotInvalidatedError(
             f"slot(s) {names} lost the WAL they need (wal_status = lost)",
-            "drop and recreate the slot, then `pgpoll snapshot` the captured tables into a new output",
+            "recreate the slot (pgpoll slot drop, then pgpoll slot create), then run `pgpoll resync` on the same "
+            "output (see docs/how-to/lost-slot.md)",
         )
     for gap in report.gaps:
         assert gap.verdict is not None and gap.verdict.error is not None

@@ -42,7 +42,7 @@ from pgpoll import faults, stopping
 from pgpoll.errors import ConfigError, PgpollError, PublicationNotFoundError, SinkError, SlotInvalidatedError, WrongPluginError
 from pgpoll.ingest.batch_bounds import BATCH_WAL, batch_bounds
 from pgpoll.ingest.batch_job import StoppedError, driver_batch_wal, run_batch
-from pgpoll.ingest.gap_check import check_output, confirm_server
+from pgpoll.ingest.gap_check import check_output, check_slot_moved, confirm_server
 from pgpoll.ingest.progress_channel import BatchProgressLog, ProgressListener
 from pgpoll.ingest.task import BatchSpec
 from pgpoll.lsn import Lsn
@@ -127,7 +127,7 @@ def _preflight(control: ControlConnection, opts: IngestOptions) -> tuple[str, sl
     if info.wal_status == "lost":
         raise SlotInvalidatedError(
             f'slot "{opts.slot}" has lost WAL it needed (wal_status = lost)',
-            "drop and recreate the slot, then `pgpoll snapshot` the captured tables into a new output",
+            "recreate the slot, then run `pgpoll resync` on the same output (see docs/how-to/lost-slot.md)",
         )
     if info.two_phase:
         raise WrongPluginError(
@@ -351,6 +351,7 @@ def drain(
                 limit = remaining if limit is None else min(limit, remaining)
             if keeper is not None:
                 keeper.check()
+            check_slot_moved(control, sink, opts.output, Lsn.parse(summary.last_lsn) if summary.last_lsn else None)
             plan = sink.plan()  # planned on the commit log's head: it can only become the next record
             hwm = plan.high_water_mark
             number = summary.batches + 1
@@ -401,6 +402,7 @@ def drain(
             faults.crash_if("after-write", fault)
             try:
                 server = confirm_server(control, server)
+                check_slot_moved(control, sink, opts.output, plan.high_water_mark)  # moved during the peek: exit 4
             except PgpollError:
                 sink.discard(plan)
                 raise

@@ -43,6 +43,7 @@ from pgpoll.materialize.change_summary import replay_key as _replay_key
 from pgpoll.materialize.dest_lease import DestLease
 from pgpoll.materialize.driver.run import driver_state, in_driver, requested_engine
 from pgpoll.materialize.parquet_state import ParquetState
+from pgpoll.materialize.run_types import REFUSED, refused_error
 from pgpoll.materialize.run_types import MaterializeOptions as MaterializeOptions  # (imported from here too)
 from pgpoll.materialize.run_types import TableState as TableState
 from pgpoll.materialize.snapshot_input import SnapshotCatalog
@@ -50,6 +51,7 @@ from pgpoll.materialize.snapshot_merge import (
     RESNAPSHOT_FIX,
     added_columns_warning,
     base_frame,
+    captured_after_gap,
     converged,
     gap_refusal,
     predates_warning,
@@ -69,6 +71,7 @@ from pgpoll.observe.runs import run_ended, run_started
 from pgpoll.sink import layout
 from pgpoll.sink.commit.history import History
 from pgpoll.sink.commit.log import CommitLog, CommitRecord
+from pgpoll.sink.snapshot_store import complete_snapshots
 from pgpoll.sink.stores.filesystem import check_readable, check_writable, needs_spark, open_output
 from pgpoll.sink.typed_tables import SchemaStore, load_ledger
 from pgpoll.stopping import StopRequest, StopRequestedError
@@ -210,16 +213,31 @@ class Materializer(ParquetState):
             if is_dir and SCRATCH in name and stale_scratch(self.dest, name):
                 self.dest.delete(self.dest.path(name))
         selected = [(n, p) for n in names if (p := layout.parse_table_dir_name(n)) is not None and self.filter.accepts(*p)]
-        if self.gap is not None:  # every table refused across the gap is named before any state is written
-            refused = [e for _n, p in selected if (e := gap_refusal(self.gap, self.snapshots.latest(*p),
-                                                                    f"{p[0]}.{p[1]}", self.opts.output))]
-            if refused:
-                raise ConfigError(" ".join(e.message for e in refused), refused[0].hint)
+        refused = {n: e for n, p in selected if (e := self._gap_refusal(n, p, history)) is not None}
         try:  # a few tables at once, results and errors as one by one (pgpoll.materialize.table_pool)
-            return run_in_order([functools.partial(self._one_table, n, p, history) for n, p in selected])
+            built = iter(run_in_order([functools.partial(self._one_table, n, p, history)
+                                       for n, p in selected if n not in refused]))
         finally:
             if self._case_saved is not None:
                 self._spark.conf.set(_CASE_SENSITIVE, self._case_saved)
+        return [next(built) if n not in refused else TableState(
+            f"{p[0]}.{p[1]}", self.dest.path(n), 0, None, REFUSED, warnings=[f"{refused[n].message}; fix: {refused[n].hint}"])
+            for n, p in selected]
+
+    def _gap_refusal(self, name: str, parsed: tuple[str, str], history: History) -> ConfigError | None:
+        """Why the table is not built across the newest gap (None: it is covered, or missed nothing there).
+
+        Per table: the tables that are covered are built, the refused ones
+        are named in the run's result (the CLI exits 2 after printing it).
+        """
+        if self.gap is None:
+            return None
+        snap = self.snapshots.latest(*parsed)
+        refusal = gap_refusal(self.gap, snap, f"{parsed[0]}.{parsed[1]}", self.opts.output)
+        if refusal is None or captured_after_gap(self.gap, history.after(None, name), self._read_marker(name),
+                                                 complete_snapshots(self.fs), snap):
+            return None
+        return refusal
 
     def _one_table(self, name: str, parsed: tuple[str, str], history: History) -> TableState:
         if self.stop is not None and self.stop.requested:
@@ -416,6 +434,7 @@ def run_materialize(
         run_ended(run, error=error, stopped=stop.exit_code if stop is not None and stop.requested else None)
         raise
     status, code = ("interrupted", stop.exit_code) if stop is not None and stop.requested else ("ok", 0)
+    refusal = refused_error(states) if code == 0 else None  # tables refused across a gap: a failed run (exit 2)
     run_ended(run, status=status, exit_code=code, batches=sum(s.batches for s in states),
-              changes=sum(s.rows for s in states))
+              changes=sum(s.rows for s in states), error=refusal)
     return states

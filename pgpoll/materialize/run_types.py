@@ -10,6 +10,24 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pgpoll.errors import ConfigError
+
+REFUSED = "refused"
+"""A table's ``mode`` when it was not built (across a gap without a snapshot after it): the run exits 2 at its end."""
+
+
+def refused_error(states: list[TableState]) -> ConfigError | None:
+    """The run's error (exit 2) naming every table it refused, after the others were built (None: none refused)."""
+    refused = [s for s in states if s.mode == REFUSED]
+    if not refused:
+        return None
+    built = len(states) - len(refused)
+    return ConfigError(
+        f"{len(refused)} table(s) refused across the gap ({', '.join(s.table for s in refused)}); "
+        f"{built} other table(s) built. " + " ".join(w for s in refused for w in s.warnings),
+        "the fix of each refused table follows its reason (`pgpoll resync`, or `pgpoll snapshot --tables`)",
+    )
+
 
 @dataclass(frozen=True)
 class MaterializeOptions:
@@ -34,7 +52,7 @@ class TableState:
     path: str
     rows: int
     position: str | None
-    mode: str  # full, incremental or unchanged
+    mode: str  # full, incremental, unchanged, or refused (REFUSED: not built; ``warnings`` says why and the fix)
     batches: int = 0
     warnings: list[str] = field(default_factory=list)
     format: str = "parquet"

@@ -24,7 +24,8 @@ snapshot already holds; this module prepares what that needs from the run:
   default PostgreSQL never sends as changes): only a snapshot fixes those;
 * :func:`gap_refusal`: a table is built across a gap that ``pgpoll resync``
   marked only on a snapshot planned after the gap (the gap's changes are in
-  no batch: only such a snapshot holds their effect).
+  no batch: only such a snapshot holds their effect), unless
+  :func:`captured_after_gap` shows it missed nothing there.
 """
 
 from __future__ import annotations
@@ -68,6 +69,41 @@ def gap_refusal(gap: CommitRecord, snap: TableSnapshot | None, qualified: str, o
         f"finish `pgpoll resync --slot {gap.slot} --output {output}` (or run {resnapshot_command(qualified)}), "
         "then materialize again",
     )
+
+
+def captured_after_gap(gap: CommitRecord, records: Sequence[CommitRecord], marker: Mapping[str, Any] | None,
+                       snapshots: Sequence[tuple[Any, Mapping[str, Any], Any]], snap: TableSnapshot | None) -> bool:
+    """Whether a table without a snapshot after ``gap`` is known to have missed nothing in it.
+
+    Its rows from before the gap are missing from a state built on the
+    records after it only if the table was captured (and had rows) then, so
+    the answer is yes only when everything says it was not: no snapshot of
+    it (``snap``: one from before the gap says it existed), no state built
+    before the gap (``marker``), none of its ``records`` (all of them, in
+    order) at or before the gap, and a complete snapshot planned after the
+    gap's ``resume`` over the whole publication (no ``--tables`` or
+    ``--exclude-tables``: the resync's) that does not hold the table, while
+    its first record comes after that snapshot's plan: it joined the
+    publication after the resync read it. In any other case (a resync
+    interrupted or restricted, a table that was captured before) it is
+    refused, naming the snapshot that repairs it.
+    """
+    if snap is not None:
+        return False  # snapshotted before the gap (one after it covers the table: not asked)
+    if marker is not None and Lsn.parse(str(marker["position"])) <= gap.end_lsn:
+        return False  # a state from before the gap: rows it lacks the gap's changes for
+    if not records or records[0].seq < gap.seq:
+        return False
+    resume = int(Lsn.parse(gap.resume)) if gap.resume is not None else int(gap.end_lsn)
+    first = int(Lsn.parse(records[0].start))
+    for _store, plan, _done in snapshots:
+        args = plan.get("args", {})
+        if args.get("tables") or args.get("exclude_tables"):
+            continue  # a restricted snapshot says nothing about the tables it left out
+        plan_lsn = int(plan.get("plan_lsn_int", 0))
+        if resume <= plan_lsn <= first:
+            return True  # (the caller asks only for tables no snapshot after the gap holds)
+    return False
 
 
 def snapshot_filter(snap: TableSnapshot, described: TableSchema, columns: Sequence[StateColumn]) -> SnapshotFilter:

@@ -50,8 +50,10 @@ def _status(name: str, text: str, labels: tuple[str, ...] = ("slot",)) -> Metric
 
 
 OUTCOMES = ("ok", "failed", "interrupted")
-ALERTS = ("lost", "unreserved", "lag", "slot_ahead_of_output", "other_server", "timeline_diverged")
-POSITIONS = ("in_sync", "slot_behind_output", "slot_ahead_of_output", "no_commits", "other_server", "timeline_diverged")
+ALERTS = ("lost", "unreserved", "lag", "slot_ahead_of_output", "other_server", "timeline_diverged",
+          "timeline_unverified")
+POSITIONS = ("in_sync", "slot_behind_output", "slot_ahead_of_output", "no_commits", "other_server", "timeline_diverged",
+             "timeline_unverified")
 
 METRICS: tuple[MetricSpec, ...] = (
     _run("pgpoll_last_run_timestamp_seconds", "gauge", "When the last run ended (Unix time)."),

@@ -52,7 +52,7 @@ from pgpoll.source.connection import resolve_dsn
 from pgpoll.source.control import ControlConnection
 from pgpoll.source.names import check_slot_name
 from pgpoll.source.server_identity import ServerIdentity, read_identity, read_timeline_history
-from pgpoll.source.slot_gap import SLOT_AHEAD, OutputHead, check_slot_gap
+from pgpoll.source.slot_gap import SLOT_AHEAD, TIMELINE_UNVERIFIED, OutputHead, check_slot_gap
 from pgpoll.stopping import StopRequest
 
 log = logging.getLogger("pgpoll.resync")
@@ -103,10 +103,14 @@ def mark_gap(control: ControlConnection, fs: OutputFs, slot: str, output: str, r
                              history=lambda t: control.call(lambda c: read_timeline_history(c, t)))
     if verdict.error is None:
         return None
+    if verdict.position == TIMELINE_UNVERIFIED:
+        raise verdict.error  # the timeline history needs a grant: nothing to judge with
     if verdict.position != SLOT_AHEAD:
         raise SlotGapError(verdict.error.message,
                            "resync cannot take back changes the server never had: stop ingesting into this output, "
-                           "then snapshot into a new output (see docs/how-to/lost-slot.md)", lsn=verdict.error.lsn)
+                           "then snapshot into a new output (see "
+                           "docs/how-to/lost-slot.md#a-lost-slot-another-server-a-diverged-timeline)",
+                           lsn=verdict.error.lsn)
     state = commit_log.state()
     seq = state.head + 1
     hwm = state.high_water_mark

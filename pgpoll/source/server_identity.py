@@ -102,6 +102,19 @@ def parse_history(text: str) -> list[TimelineSwitch]:
     return found
 
 
+HISTORY_GRANT = "GRANT EXECUTE ON FUNCTION pg_read_binary_file(text) TO <the role> (or run as a superuser)"
+
+
+def can_read_timeline_history(conn: Any) -> bool:
+    """Whether this role may call ``pg_read_binary_file(text)`` (true for a superuser): what a check after a failover
+    needs (:func:`read_timeline_history`), reported by ``pgpoll check`` before a failover makes it matter."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT has_function_privilege('pg_catalog.pg_read_binary_file(text)', 'EXECUTE')")
+        allowed = bool(cur.fetchone()[0])
+    conn.commit()
+    return allowed
+
+
 def read_timeline_history(conn: Any, timeline: int) -> list[TimelineSwitch]:
     """The ancestors of ``timeline`` with their switch points (empty for timeline 1, which has no history file).
 
@@ -122,8 +135,7 @@ def read_timeline_history(conn: Any, timeline: int) -> list[TimelineSwitch]:
         conn.rollback()
         raise PrivilegeError(
             f"reading the server's timeline history ({path}) needs a privilege this role lacks",
-            "GRANT EXECUTE ON FUNCTION pg_read_binary_file(text) TO <the role> (or run as a superuser); "
-            "pgpoll will not guess whether the new timeline holds what the output does",
+            f"{HISTORY_GRANT}; pgpoll will not guess whether the new timeline holds what the output does",
         ) from None
     except psycopg2.Error as exc:
         conn.rollback()

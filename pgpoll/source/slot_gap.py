@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pgpoll.errors import SlotGapError
+from pgpoll.errors import PrivilegeError, SlotGapError
 from pgpoll.lsn import Lsn
 from pgpoll.source.server_identity import ServerIdentity, TimelineSwitch
 from pgpoll.source.slots import SlotInfo
@@ -48,12 +48,26 @@ SLOT_BEHIND = "slot_behind_output"
 SLOT_AHEAD = "slot_ahead_of_output"
 OTHER_SERVER = "other_server"
 TIMELINE_DIVERGED = "timeline_diverged"
+TIMELINE_UNVERIFIED = "timeline_unverified"
+"""The server is on another timeline than the output's newest record and its history cannot be read (the role
+lacks EXECUTE on ``pg_read_binary_file``): the run refuses rather than guess; the error is a :class:`PrivilegeError`."""
 
-GAP_POSITIONS = (SLOT_AHEAD, OTHER_SERVER, TIMELINE_DIVERGED)
-"""The positions that refuse a run (exit 4): each is a :class:`SlotGapError`."""
+GAP_POSITIONS = (SLOT_AHEAD, OTHER_SERVER, TIMELINE_DIVERGED, TIMELINE_UNVERIFIED)
+"""The positions that refuse a run (exit 4): each has an error, a :class:`SlotGapError` but for the last."""
 
 FIX = ("run `pgpoll resync --slot {slot} --output {output}` (see docs/how-to/lost-slot.md); "
-       "nothing was written and the slot was not moved")
+       "{written} and the slot was not moved")
+NOTHING_WRITTEN = "nothing was written"
+DURING_RUN = "the run's earlier batches stay committed, nothing after them was written"
+"""The fix of a slot past the output: ``resync`` marks the gap and snapshots the tables on the same output."""
+
+OTHER_HISTORY_FIX = (
+    "stop ingesting into {output}: it holds changes this server never had, which neither a rerun nor "
+    "`pgpoll resync` can take back; snapshot into a new output (see "
+    "docs/how-to/lost-slot.md#a-lost-slot-another-server-a-diverged-timeline); nothing was written and the slot "
+    "was not moved"
+)
+"""The fix of another server or a diverged timeline: ``resync`` refuses these, so the hint must not name it."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +87,7 @@ class Verdict:
     output: OutputHead
     server: ServerIdentity
     """The server as read now (what the next record will name)."""
-    error: SlotGapError | None = None
+    error: SlotGapError | PrivilegeError | None = None
 
 
 def judge(
@@ -82,37 +96,63 @@ def judge(
 ) -> Verdict:
     """The verdict for ``slot`` as read before ``output``'s head (pure but for the two lazy server reads).
 
-    ``identity`` is called unless the output is fresh (it is recorded in the
-    next record); ``history(timeline)`` only when the timeline changed.
+    ``identity`` is always called: a fresh output's first record names the
+    server too, and the verdict carries it for that. ``history(timeline)``
+    is called only when the output's newest record names another timeline;
+    the :class:`PrivilegeError` it raises without the grant becomes the
+    ``timeline_unverified`` verdict (so ``status`` can print its report first).
+
+    The server is judged before the position: on another system, or on a
+    timeline that left the output's before its mark, the slot's LSNs are
+    another history, and comparing them with the mark means nothing (a slot
+    "past" the mark there is no gap ``resync`` could mark: the output holds
+    changes the server never had, whatever the slot's position).
     """
-    hwm, confirmed = output.high_water_mark, slot.confirmed_flush_lsn
-    fix = FIX.format(slot=slot.name, output=output_path)
+    hwm = output.high_water_mark
     server = identity()
     if hwm is None:
         return Verdict(NO_COMMITS, slot, output, server)
-    if confirmed is not None and confirmed > hwm:
-        return Verdict(SLOT_AHEAD, slot, output, server, SlotGapError(
-            f'slot "{slot.name}" is at {confirmed}, past the output\'s high-water mark {hwm}: the changes between '
-            "were never written (the slot was dropped and recreated, consumed by another reader, or advanced by hand)",
-            fix, lsn=str(hwm)))
-    position = IN_SYNC if confirmed == hwm else SLOT_BEHIND
     was = output.server
-    if was is None or was == server:
-        return Verdict(position, slot, output, server)
-    if was.system_identifier != server.system_identifier:
+    other_fix = OTHER_HISTORY_FIX.format(output=output_path)
+    if was is not None and was.system_identifier != server.system_identifier:
         return Verdict(OTHER_SERVER, slot, output, server, SlotGapError(
             f"the output up to {hwm} was read from database system {was.system_identifier}, the slot "
             f'"{slot.name}" is on system {server.system_identifier}: its positions are another history',
-            fix, lsn=str(hwm)))
-    switch = _switch_point(was.timeline, server.timeline, history)
-    if switch is not None and switch >= hwm:
-        return Verdict(position, slot, output, server)
-    held = f"({switch}, {hwm}]" if switch is not None else f"up to {hwm}"
-    return Verdict(TIMELINE_DIVERGED, slot, output, server, SlotGapError(
-        f"the output holds changes {held} of timeline {was.timeline} that this server (timeline {server.timeline}) "
-        f"never had: it left timeline {was.timeline} "
-        + (f"at {switch}, before the output's high-water mark" if switch is not None else "on another branch"),
-        fix, lsn=str(hwm)))
+            other_fix, lsn=str(hwm)))
+    if was is not None and was.timeline != server.timeline:
+        try:
+            switch = _switch_point(was.timeline, server.timeline, history)
+        except PrivilegeError as exc:  # the history file needs a grant: refuse, naming it, rather than guess
+            return Verdict(TIMELINE_UNVERIFIED, slot, output, server, exc)
+        if switch is None or switch < hwm:
+            held = f"({switch}, {hwm}]" if switch is not None else f"up to {hwm}"
+            return Verdict(TIMELINE_DIVERGED, slot, output, server, SlotGapError(
+                f"the output holds changes {held} of timeline {was.timeline} that this server "
+                f"(timeline {server.timeline}) never had: it left timeline {was.timeline} "
+                + (f"at {switch}, before the output's high-water mark" if switch is not None else "on another branch"),
+                other_fix, lsn=str(hwm)))
+    ahead = moved_past(slot, hwm, output_path=output_path)
+    if ahead is not None:
+        return Verdict(SLOT_AHEAD, slot, output, server, ahead)
+    return Verdict(IN_SYNC if slot.confirmed_flush_lsn == hwm else SLOT_BEHIND, slot, output, server)
+
+
+def moved_past(slot: SlotInfo, position: Lsn | None, *, output_path: str, during_run: bool = False,
+               ) -> SlotGapError | None:
+    """The refusal of a slot past the output's ``position`` (None: at or behind it, or a fresh output).
+
+    pgpoll never advances a slot past the position of an output it feeds
+    (module docstring), so the changes between were taken by something else.
+    ``during_run``: found between a run's batches (its earlier batches stay).
+    """
+    confirmed = slot.confirmed_flush_lsn
+    if position is None or confirmed is None or confirmed <= position:
+        return None
+    return SlotGapError(
+        f'slot "{slot.name}" is at {confirmed}, past the output\'s high-water mark {position}: the changes between '
+        "were never written (the slot was dropped and recreated, consumed by another reader, or advanced by hand)",
+        FIX.format(slot=slot.name, output=output_path, written=DURING_RUN if during_run else NOTHING_WRITTEN),
+        lsn=str(position))
 
 
 def _switch_point(recorded: int, current: int, history: Callable[[int], list[TimelineSwitch]]) -> Lsn | None:

@@ -25,20 +25,21 @@ def test_check_json_prints_one_object_per_check(db: Any, pgpoll: Any) -> None:
     result = pgpoll("check", "--json", "--plugin", "pgoutput", "--dsn", db.dsn)
     assert result.exit_code == 0
     items = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [i["check"] for i in items] == [*CHECK_NAMES, "plugin pgoutput"]
+    assert [i["check"] for i in items] == [*CHECK_NAMES, "plugin pgoutput", "timeline history"]
     assert all(set(i) == {"check", "status", "value", "fix"} for i in items)
     assert {i["check"]: i["status"] for i in items}["wal_level"] == "ok"
     keep = next(i for i in items if i["check"] == "max_slot_wal_keep_size")
     assert (keep["status"], keep["value"]) == ("warn", "-1")
     assert "a stalled slot can fill the disk" in keep["fix"]
+    assert items[-1] == {"check": "timeline history", "status": "ok", "value": "readable", "fix": ""}  # a superuser
 
 
 def test_check_plugin_probe_reports_available_and_leaves_no_slot(db: Any, pgpoll: Any) -> None:
     db.require_plugin("test_decoding")
     result = pgpoll("check", "--json", "--plugin", "test_decoding", "--dsn", db.dsn)
     assert result.exit_code == 0
-    last = json.loads(result.stdout.splitlines()[-1])
-    assert last == {"check": "plugin test_decoding", "status": "ok", "value": "available", "fix": ""}
+    probe = next(json.loads(r) for r in result.stdout.splitlines() if '"plugin test_decoding"' in r)
+    assert probe == {"check": "plugin test_decoding", "status": "ok", "value": "available", "fix": ""}
     assert db.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'pgpoll_check_probe%%'") == [(0,)]
 
 
@@ -71,5 +72,5 @@ def test_check_existing_publication_passes(db: Any, pgpoll: Any) -> None:
     db.execute('CREATE PUBLICATION "Odd Pub" FOR ALL TABLES')
     result = pgpoll("check", "--json", "--publication", "Odd Pub", "--dsn", db.dsn)
     assert result.exit_code == 0
-    assert json.loads(result.stdout.splitlines()[-1]) == {
+    assert next(json.loads(r) for r in result.stdout.splitlines() if '"publication Odd Pub"' in r) == {
         "check": "publication Odd Pub", "status": "ok", "value": "exists", "fix": ""}

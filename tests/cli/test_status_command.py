@@ -201,7 +201,8 @@ def test_exit_4_for_a_lost_slot(db: Any, pgpoll: Any, tmp_path: Path) -> None:
     assert code == exitcodes.SOURCE == 4  # lost wins over the lag alert
     row = only(rows, cap.slot)
     assert row["wal_status"] == "lost" and "lost" in row["alerts"]
-    assert f"slot(s) {cap.slot} lost the WAL" in stderr and "fix: drop and recreate the slot" in stderr
+    assert f"slot(s) {cap.slot} lost the WAL" in stderr and "fix: recreate the slot" in stderr
+    assert "pgpoll resync` on the same output" in stderr
 
 
 def test_a_slot_moved_past_the_output_is_flagged(pg_capture: Capture, pgpoll: Any, spark: Any) -> None:

@@ -19,10 +19,12 @@ from click.testing import CliRunner
 
 from pgpoll.cli import exitcodes
 from pgpoll.cli.main import cli
+from pgpoll.errors import SlotGapError
+from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
 from pgpoll.sink.commit.log import CommitLog
 from pgpoll.sink.stores.filesystem import open_output
 from tests.cli.conftest import CLEAN_ENV, Pgpoll
-from tests.ingest.conftest import Capture, confirmed_lsn, ingest
+from tests.ingest.conftest import Capture, confirmed_lsn, ingest, make_capture
 
 
 @pytest.fixture
@@ -113,3 +115,30 @@ def test_a_healthy_output_passes_the_check_and_records_the_server(capture: Captu
 def test_check_with_output_needs_slot(pgpoll: Any, db: Any, tmp_path: Path) -> None:
     result = pgpoll("check", "--output", str(tmp_path / "out"), env={"PGPOLL_DSN": db.dsn})
     assert result.exit_code == exitcodes.USAGE and "--output needs --slot" in result.output
+
+
+def test_a_slot_moved_during_a_run_stops_it_and_the_next_one(db: Any, tmp_path: Path) -> None:
+    """The reviewer's reproduction: after batch 1, a row, the slot consumed by another reader, another row."""
+    cap = make_capture(db, "test_decoding", tmp_path / "out")
+    for row in range(1, 13):  # one transaction each: two batches of 6 rows if nothing moved the slot
+        _load(db, row, 1)
+
+    def move(summary: RunSummary) -> None:
+        if summary.batches == 1:
+            _load(db, 100, 1)
+            _consume(cap)  # changes 7..12 and 100 are gone from the slot
+            _load(db, 200, 1)
+
+    opts = IngestOptions(slot=cap.slot, output=cap.output, batch_changes=6, dsn=db.dsn)
+    with pytest.raises(SlotGapError) as raised:
+        run_ingest(opts, on_batch=move)
+
+    records = CommitLog(open_output(cap.output)).records()
+    assert [r.rows for r in records] == [2]  # batch 1 (6 peeked rows: BEGIN, INSERT, COMMIT twice) stays; nothing after
+    assert f'slot "{cap.slot}" is at {confirmed_lsn(db, cap.slot)}, past the output\'s high-water mark ' \
+           f"{records[0].end}" in raised.value.message
+    assert raised.value.hint is not None and "pgpoll resync" in raised.value.hint
+    assert "earlier batches stay committed" in raised.value.hint
+    again = ingest(db.dsn, *cap.args())
+    assert again.exit_code == exitcodes.SOURCE, again.stderr  # and the next run refuses too, naming the same gap
+    assert "past the output's high-water mark" in again.stderr

@@ -14,6 +14,7 @@ server never had).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,8 @@ def test_a_slot_on_a_timeline_that_left_before_the_mark_is_refused(promoted: tup
     assert refused.exit_code == exitcodes.SOURCE == 4, refused.stderr
     assert f"the output holds changes ({switch}, {hwm}] of timeline 1 that this server (timeline 2) never had" \
         in refused.stderr
-    assert "fix: run `pgpoll resync" in refused.stderr
+    assert "run `pgpoll resync" not in refused.stderr  # resync refuses this case: the hint names a new output
+    assert "lost-slot.md#a-lost-slot-another-server-a-diverged-timeline" in refused.stderr
     assert _sql(server.dsn(), "SELECT confirmed_flush_lsn::text FROM pg_replication_slots")[0][0] == confirmed
     resync = CliRunner().invoke(cli, ["resync", "--slot", "s", "--output", output, "--json"],
                                 env={"PGPOLL_DSN": server.dsn()})
@@ -99,6 +101,14 @@ def test_a_slot_on_a_timeline_that_left_before_the_mark_is_refused(promoted: tup
     no_grant = ingest(role_dsn, "--slot", "s", "--output", output)
     assert no_grant.exit_code == 4 and "GRANT EXECUTE ON FUNCTION pg_read_binary_file(text) TO" in no_grant.stderr
     assert "pg_wal/00000002.history" in no_grant.stderr and "w@" not in no_grant.stderr
+    runner = CliRunner()
+    status = runner.invoke(cli, ["status", "--output", output, "--json"], env={"PGPOLL_DSN": role_dsn})
+    assert status.exit_code == 4 and "GRANT EXECUTE ON FUNCTION" in status.stderr, status.output
+    reported = json.loads(status.stdout.splitlines()[0])  # the report is printed first, then the exit
+    assert reported["position"] == "timeline_unverified" and "timeline_unverified" in reported["alerts"]
+    checked = runner.invoke(cli, ["check", "--json"], env={"PGPOLL_DSN": role_dsn})
+    item = next(json.loads(r) for r in checked.stdout.splitlines() if '"timeline history"' in r)
+    assert item["status"] == "warn" and "GRANT EXECUTE ON FUNCTION pg_read_binary_file(text)" in item["fix"]
     _sql(server.dsn(), "GRANT EXECUTE ON FUNCTION pg_read_binary_file(text) TO watcher")
     granted = ingest(role_dsn, "--slot", "s", "--output", output)
     assert granted.exit_code == 4 and f"({switch}, {hwm}] of timeline 1" in granted.stderr, granted.stderr

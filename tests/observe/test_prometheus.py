@@ -105,7 +105,7 @@ def test_status_prometheus_text_parses_and_matches_the_json(db: Any, tmp_path: P
                                                ("slot", slot)))] == 1
     assert samples[("pgpoll_output_position_bytes", (("output", capture.output), ("slot", slot)))] == 0
     alerts = {dict(k[1])["alert"]: v for k, v in samples.items() if k[0] == "pgpoll_slot_alert"}
-    assert alerts == dict.fromkeys(ALERTS, 0)  # every alert status knows, none holding
+    assert alerts == dict.fromkeys(ALERTS, 0)  # every alert pgpoll names, 0 on a healthy slot
     assert samples[("pgpoll_slot_lag_seconds", (("slot", slot),))] == 0  # caught up, nothing written since
     assert samples[("pgpoll_slot_lag_bytes", (("slot", slot),))] >= 0
     both = runner.invoke(cli, ["status", "--json", "--format", "prometheus"], env=env)

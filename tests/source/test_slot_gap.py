@@ -85,3 +85,26 @@ def test_a_refusal_is_read_again_and_a_concurrent_publish_clears_it() -> None:
     found = check_slot_gap(lambda: slot("0/5000000"), lambda: next(heads), output_path="/o", identity=lambda: me,
                            history=lambda t: [])
     assert found.position == IN_SYNC and found.error is None
+
+
+def test_a_slot_past_the_mark_on_another_system_is_another_server_not_a_gap() -> None:
+    found = verdict("0/6000000", OutputHead(H, ServerIdentity(SYS, 1)), ServerIdentity("42", 1))
+    assert found.position == OTHER_SERVER and found.error is not None
+    assert found.error.hint is not None and "run `pgpoll resync" not in found.error.hint
+    assert "lost-slot.md#a-lost-slot-another-server-a-diverged-timeline" in found.error.hint
+
+
+def test_a_slot_past_the_mark_on_a_diverged_timeline_is_diverged_not_a_gap() -> None:
+    history = [TimelineSwitch(1, Lsn.parse("0/4000000"))]
+    found = verdict("0/6000000", OutputHead(H, ServerIdentity(SYS, 1)), ServerIdentity(SYS, 2), history)
+    assert found.position == TIMELINE_DIVERGED and found.error is not None
+    assert "(0/4000000, 0/5000000] of timeline 1" in found.error.message
+    assert found.error.hint is not None and "a-lost-slot-another-server-a-diverged-timeline" in found.error.hint
+    assert "run `pgpoll resync" not in found.error.hint
+
+
+def test_a_slot_past_the_mark_after_a_safe_failover_is_a_gap() -> None:
+    history = [TimelineSwitch(1, Lsn.parse("0/5000000"))]  # timeline 2 left 1 at the mark: the same history
+    found = verdict("0/6000000", OutputHead(H, ServerIdentity(SYS, 1)), ServerIdentity(SYS, 2), history)
+    assert found.position == SLOT_AHEAD and found.error is not None
+    assert found.error.hint is not None and "pgpoll resync --slot s --output /o" in found.error.hint

@@ -79,9 +79,13 @@ class CommitRecord:
     ``name`` is the file name (not stored).
 
     A gap record (``kind`` "gap", format 3) says the output lacks the changes
-    committed in ``(end, resume]``: the slot had been moved to ``resume`` by
-    something else. Its ``end`` is the high-water mark it was written on (a
-    gap never moves the mark past changes the output does not hold); ingest
+    committed in ``(start, resume]``: the slot had been moved to ``resume`` by
+    something else. ``start`` is the output's position when the gap was
+    marked (:func:`pgpoll.sink.commit.head.output_head`: the high-water mark,
+    or an earlier gap's ``resume`` when nothing was ingested since), which is
+    where the missing changes begin. Its ``end`` is the high-water mark it was
+    written on (a gap never moves the mark past changes the output does not
+    hold), so ``start`` and ``end`` differ only after a second gap; ingest
     goes on from ``resume``, and materialize builds no table across it
     without a snapshot planned after it.
     """
