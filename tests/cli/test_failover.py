@@ -15,11 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pytest
 
 from pgpoll.source import waits
-from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs
+from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs, run_sql
 from pgpoll.testing.pytest_plugin import TEST_SETTINGS
 from tests.cli.conftest import Pgpoll
 from tests.ingest.conftest import ingest
@@ -39,15 +38,7 @@ def pg17() -> Iterator[ThrowawayCluster]:
         cluster.stop()
 
 
-def _sql(dsn: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(query, params)
-            return cur.fetchall() if cur.description else []
-    finally:
-        conn.close()
+_sql = run_sql
 
 
 def _set_standby_slots(dsn: str, value: str) -> None:

@@ -35,22 +35,14 @@ from click.testing import CliRunner
 
 from pgpoll.cli.main import cli
 from pgpoll.reader import read_changes_arrow
-from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs, wait_until
+from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs, run_sql, wait_until
 from pgpoll.testing.pytest_plugin import TEST_SETTINGS
 from tests.ingest.conftest import ingest
 
 VERSION = 17
 
 
-def _sql(dsn: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
-    conn = psycopg2.connect(dsn, connect_timeout=5)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(query, params)
-            return cur.fetchall() if cur.description else []
-    finally:
-        conn.close()
+_sql = run_sql
 
 
 class App:

@@ -40,7 +40,7 @@ from pgpoll.sink.layout import table_dir_name
 from pgpoll.source import waits
 from pgpoll.spark.source_options import parse_options
 from pgpoll.spark.stream_offsets import StreamOffsets
-from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs, wait_until
+from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs, run_sql, wait_until
 from pgpoll.testing.pytest_plugin import TEST_SETTINGS
 from tests.ingest.conftest import ingest
 from tests.materialize.conftest import materialize
@@ -48,15 +48,7 @@ from tests.materialize.conftest import materialize
 VERSIONS = (16, 17)  # logical decoding on a standby: 16+; 17 adds failover slots, whose checks cover a standby's too
 
 
-def _sql(dsn: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
-    conn = psycopg2.connect(dsn, connect_timeout=5)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(query, params)
-            return cur.fetchall() if cur.description else []
-    finally:
-        conn.close()
+_sql = run_sql
 
 
 class App:
