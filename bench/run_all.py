@@ -13,6 +13,8 @@ pgoutput in one transaction, then the peak RSS of one
 ``bench/results/report.md``. ``PGPOLL_BENCH_BASELINE=DIR`` (another pgpoll
 checkout) adds that tree's figures on the same backlogs. ``PGPOLL_WRITER=spark`` measures
 Spark's Parquet writer (the fallback path) instead of the task's pyarrow one.
+``bench_history.py`` times ``ingest`` start-up, an incremental ``materialize``,
+``status`` and ``batches`` at 1,000 and 10,000 committed batches (goal: flat).
 ``bench_stream.py`` sets a Spark stream's availableNow drain
 (``spark.readStream.format("pgpoll")``) beside ``pgpoll ingest`` with every
 batch a Spark job (goal <= 1.5x, each net of its empty run).
@@ -40,6 +42,7 @@ def main() -> int:
          *(["--baseline", os.environ["PGPOLL_BENCH_BASELINE"]] if os.environ.get("PGPOLL_BENCH_BASELINE") else [])],
         [sys.executable, str(HERE / "bench_typed.py"), "--changes", "100000"],
         [sys.executable, str(HERE / "bench_startup.py"), "--batches", "10,10000", "--repeat", repeat],
+        [sys.executable, str(HERE / "bench_history.py"), "--batches", "1000,10000", "--repeat", repeat],
         [sys.executable, str(HERE / "bench_snapshot.py"), "--rows", os.environ.get("PGPOLL_BENCH_SNAPSHOT_ROWS", "2000000"),
          "--repeat", repeat],
         [sys.executable, str(HERE / "bench_delta.py"), "--rows", os.environ.get("PGPOLL_BENCH_DELTA_ROWS", "2000000"), "--small"],
