@@ -124,7 +124,7 @@ class Monitoring:
         return result
 
     def rules(self) -> list[dict[str, Any]]:
-        """The loaded rule groups (``/api/v1/rules``)."""
+        """The loaded rule groups (the HTTP API's ``rules`` endpoint)."""
         return list(json.loads(_get(f"{self.prometheus_url}/api/v1/rules"))["data"]["groups"])
 
     def stop(self) -> None:

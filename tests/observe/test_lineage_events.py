@@ -24,7 +24,7 @@ ROOT = "01931885-2800-799d-8041-88a263ffa0d8"
      "postgres://a.example.com:5433", "shop"),
     ("postgresql://u@a.example.com:5433,b.example.com:5434/shop", {}, "postgres://a.example.com:5433", "shop"),
     ("postgresql://[::1]:5432/shop", {}, "postgres://[::1]:5432", "shop"),
-    ("host=/var/run/postgresql dbname=shop", {}, "postgres://localhost:5432", "shop"),
+    ("host=/var/run/postgresql dbname=shop", {}, "postgres://localhost:5432", "shop"),  # checkout-paths: data
     ("", {"PGHOST": "pg.internal", "PGPORT": "5555", "PGDATABASE": "crm"}, "postgres://pg.internal:5555", "crm"),
     ("postgresql://u:pw@pgbouncer:6432/shop", {"PGPOLL_LINEAGE_NAMESPACE": "postgres://db1.internal:5432"},
      "postgres://db1.internal:5432", "shop"),
@@ -39,8 +39,8 @@ def test_the_server_is_named_by_host_port_and_database_and_never_by_a_secret(
 
 
 @pytest.mark.parametrize(("uri", "expected"), [
-    ("/lake/pg", ("file", "/lake/pg")),
-    ("file:///lake/pg/", ("file", "/lake/pg")),
+    ("/lake/pg", ("file", "/lake/pg")),  # checkout-paths: data
+    ("file:///lake/pg/", ("file", "/lake/pg")),  # checkout-paths: data
     ("s3://Lake/pg/orders", ("s3://lake", "pg/orders")),
     ("s3a://lake/pg", ("s3://lake", "pg")),
     ("gs://lake/pg", ("gs://lake", "pg")),

@@ -30,7 +30,7 @@ def test_an_output_url_loses_its_credentials_in_labels() -> None:
     assert output_label("s3://key:secret@bucket/lake/pg?versionId=1") == "s3://bucket/lake/pg"
     assert output_label("abfss://user:pw@container.dfs.core.windows.net:443/x") == (
         "abfss://container.dfs.core.windows.net:443/x")
-    assert output_label("/data/out") == "/data/out"
+    assert output_label("/data/out") == "/data/out"  # checkout-paths: data
     record = RunRecord(run_id="r", job="materialize", started_at="2026-01-01T00:00:00+00:00",
                        ended_at="2026-01-01T00:00:01+00:00", seconds=1.0, status="ok", exit_code=0)
     assert grouping_key(record, "gs://a:b@bucket/p") == {"output": "gs://bucket/p"}  # no slot: materialize
