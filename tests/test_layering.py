@@ -12,7 +12,8 @@ only in the CLI; no import cycle. Nothing in Python enforces that, so this test 
 * Airflow only in ``pgpoll/airflow/``, which imports nothing but Airflow, the standard library and its
   own package, and so does the package root ``pgpoll/__init__.py`` that loads it: pgpoll is installed in
   Airflow's environment without its dependencies, for the DAG file's operators;
-* the jobs' packages (``pgpoll.ingest``, ``pgpoll.snapshot``, ``pgpoll.materialize``, ``pgpoll.spark``) do not
+* the jobs' packages (``pgpoll.ingest``, ``pgpoll.snapshot``, ``pgpoll.materialize``, ``pgpoll.spark``,
+  ``pgpoll.housekeeping``) do not
   import one another, but for the exceptions named in ``JOB_EXCEPTIONS`` (the Spark plumbing every job
   runs on, the ingest task the Spark stream runs, the Delta protocol features the Spark reader checks);
 * no module over ``MAX_LINES`` lines and no folder of ``pgpoll/`` holding more than ``MAX_MODULES``
@@ -56,7 +57,7 @@ AIRFLOW_MAY_IMPORT = ("airflow", "pgpoll.airflow")
 # The jobs: each is its own package and none reaches into another's modules, but for these (importer -> target,
 # prefixes): every job runs on the Spark plumbing; the Spark stream runs ingest's batch task and checks the change
 # table's Delta protocol with the features the Delta state's edge reads.
-JOB_PACKAGES = ("pgpoll.ingest", "pgpoll.snapshot", "pgpoll.materialize", "pgpoll.spark")
+JOB_PACKAGES = ("pgpoll.ingest", "pgpoll.snapshot", "pgpoll.materialize", "pgpoll.spark", "pgpoll.housekeeping")
 JOB_EXCEPTIONS = (
     ("pgpoll", "pgpoll.spark.session"),
     ("pgpoll", "pgpoll.spark.filesystems"),
