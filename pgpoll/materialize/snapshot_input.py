@@ -68,6 +68,8 @@ class TableSnapshot:
     convergence_lsn: int | None
     #: the pieces of its recheck that read rows (:mod:`pgpoll.snapshot.recheck`): value sources for materialize
     rechecks: tuple[SnapshotChunk, ...] = ()
+    #: the plan's ``server`` (system identifier, timeline; None in older plans): a gap on a new history needs it
+    server: dict[str, Any] | None = None
 
     @property
     def qualified(self) -> str:
@@ -160,4 +162,5 @@ def _table(store: SnapshotStore, plan: dict[str, Any], done: dict[str, Any], t: 
         key=tuple(str(k) for k in t.get("key", ())), identity=t.get("identity"), columns=columns,
         chunks=tuple(sorted(chunks, key=lambda ch: ch.n)), plan_lsn=int(plan.get("plan_lsn_int", 0)),
         convergence_lsn=int(convergence) if convergence is not None else None, rechecks=tuple(rechecks),
+        server=plan["server"] if isinstance(plan.get("server"), dict) else None,
     )

@@ -60,11 +60,15 @@ def gap_refusal(gap: CommitRecord, snap: TableSnapshot | None, qualified: str, o
     gap hold everything since; the records before the gap are not read.
     """
     resume = Lsn.parse(gap.resume) if gap.resume is not None else gap.end_lsn
-    if snap is not None and snap.plan_lsn >= int(resume):
+    if snap is not None and gap.covered_by(snap.plan_lsn, snap.server):
         return None
     have = f"its newest complete snapshot {snap.snapshot_id} is older" if snap is not None else "it has no complete snapshot"
+    if snap is not None and snap.plan_lsn >= int(resume):
+        have = f"its newest complete snapshot {snap.snapshot_id} was not read from the server the gap names"
+    lacks = (f"holds changes in ({gap.start}, {gap.end}] the server never had and lacks the server's up to {resume}"
+             if gap.new_history else f"lacks the changes in ({gap.start}, {resume}]")
     return ConfigError(
-        f"{qualified}: the output lacks the changes in ({gap.start}, {resume}] (the gap marked at commit-log record "
+        f"{qualified}: the output {lacks} (the gap marked at commit-log record "
         f"{gap.seq}) and {have}: a state built across the gap would miss them",
         f"finish `pgpoll resync --slot {gap.slot} --output {output}` (or run {resnapshot_command(qualified)}), "
         "then materialize again",
@@ -101,7 +105,7 @@ def captured_after_gap(gap: CommitRecord, records: Sequence[CommitRecord], marke
         if args.get("tables") or args.get("exclude_tables"):
             continue  # a restricted snapshot says nothing about the tables it left out
         plan_lsn = int(plan.get("plan_lsn_int", 0))
-        if resume <= plan_lsn <= first:
+        if resume <= plan_lsn <= first and gap.covered_by(plan_lsn, plan.get("server")):
             return True  # (the caller asks only for tables no snapshot after the gap holds)
     return False
 

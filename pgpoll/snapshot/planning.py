@@ -66,14 +66,26 @@ def table_entry(t: SnapshotTable, chunks: Sequence[ChunkSpec], rechecks: Sequenc
 
 def build_plan(
     snapshot_id: str, *, slot: str, plugin: str, publications: Sequence[str], args: Mapping[str, Any],
-    plan_lsn: int, entries: Sequence[Mapping[str, Any]],
+    plan_lsn: int, entries: Sequence[Mapping[str, Any]], server: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The whole ``plan.json`` document."""
-    return {
+    """The whole ``plan.json`` document; ``server`` the source's system identifier and timeline at planning (a gap
+    marked on a new history takes only a snapshot of that history: ``CommitRecord.covered_by``)."""
+    return {"server": dict(server) if server is not None else None,
         "format": FORMAT, "snapshot_id": snapshot_id, "slot": slot, "plugin": plugin,
         "publications": list(publications), "args": dict(args), "created_at": now_iso(),
         "plan_lsn": str(Lsn(plan_lsn)), "plan_lsn_int": plan_lsn, "tables": [dict(e) for e in entries],
     }
+
+
+def same_server(plan: Mapping[str, Any], server: Mapping[str, Any]) -> bool:
+    """True when the plan was made on ``server`` (system and timeline), or names none (older plans: same as before).
+
+    Chunks read on the old timeline of a failover hold rows of a history the
+    new primary does not have: a snapshot is resumed only on the server it
+    was planned on.
+    """
+    planned = plan.get("server")
+    return not isinstance(planned, dict) or dict(planned) == dict(server)
 
 
 def same_tables(plan: Mapping[str, Any], tables: Sequence[SnapshotTable]) -> bool:

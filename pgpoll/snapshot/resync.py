@@ -23,10 +23,16 @@ Idempotent and resumable: a rerun finds the gap already marked (the slot is
 at the marker's ``resume``, or an ingest went on from it) and resumes the
 snapshot the way ``pgpoll snapshot`` does (the same arguments continue the
 incomplete one); once a complete snapshot planned after the newest gap
-exists, there is nothing left to do. Only a slot *past* the output is
-resynced here: a slot on another database system or on a timeline that left
-the output's before its mark means the output holds changes the server never
-had, which a marker cannot take back (the fix then names a new output).
+exists, there is nothing left to do.
+
+A slot on another database system, or on a timeline that left the output's
+before its mark (an unsafe failover), is resynced too, with more steps:
+the output holds changes the server never had and lacks the server's own
+up to the mark; :mod:`pgpoll.snapshot.resync_history` brings the server's WAL
+past the mark, makes sure every transaction the slot will skip is visible
+to the snapshot, and marks the gap so that materialize rebuilds every state
+from this server. Only a timeline the role cannot verify (the history file
+needs a grant) is refused.
 """
 
 from __future__ import annotations
@@ -40,19 +46,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pgpoll.errors import ConfigError, FenceLostError, SlotGapError
-from pgpoll.lsn import Lsn
 from pgpoll.sink.commit.head import output_head
-from pgpoll.sink.commit.lease import Lease
+from pgpoll.sink.commit.lease import Lease, LeaseKeeper
 from pgpoll.sink.commit.log import CommitLog
 from pgpoll.sink.commit.records import GAP, GAP_VERSION, CommitRecord
 from pgpoll.sink.snapshot_store import complete_snapshots
 from pgpoll.sink.stores.filesystem import OutputFs, check_writable, open_output
+from pgpoll.snapshot import resync_history
 from pgpoll.snapshot.run import SnapshotOptions, run_snapshot
 from pgpoll.source.connection import resolve_dsn
 from pgpoll.source.control import ControlConnection
 from pgpoll.source.names import check_slot_name
 from pgpoll.source.server_identity import ServerIdentity, read_identity, read_timeline_history
-from pgpoll.source.slot_gap import SLOT_AHEAD, TIMELINE_UNVERIFIED, OutputHead, check_slot_gap
+from pgpoll.source.slot_gap import OTHER_SERVER, SLOT_AHEAD, TIMELINE_DIVERGED, OutputHead, check_slot_gap
+from pgpoll.source.slots import advance_slot
 from pgpoll.stopping import StopRequest
 
 log = logging.getLogger("pgpoll.resync")
@@ -70,6 +77,8 @@ class ResyncSummary:
     status: str = "ok"
     exit_code: int = 0
     notes: list[str] = field(default_factory=list)
+    #: a server whose history left the output's (resync_history.NewHistory.as_json), None otherwise
+    history: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         """One line of JSON."""
@@ -77,7 +86,8 @@ class ResyncSummary:
 
 
 def _gap_json(record: CommitRecord) -> dict[str, Any]:
-    return {"seq": record.seq, "start": record.start, "end": record.end, "resume": record.resume}
+    return {"seq": record.seq, "start": record.start, "end": record.end, "resume": record.resume,
+            "reason": record.reason}
 
 
 def newest_gap(fs: OutputFs) -> CommitRecord | None:
@@ -86,44 +96,84 @@ def newest_gap(fs: OutputFs) -> CommitRecord | None:
 
 
 def _covered(fs: OutputFs, gap: CommitRecord) -> bool:
-    """Whether the newest complete snapshot was planned after ``gap``'s resume point."""
+    """Whether the newest complete snapshot was planned after ``gap``'s resume point (on its server, for a gap of a
+    new history: :meth:`CommitRecord.covered_by`)."""
     done = complete_snapshots(fs)
-    return bool(done) and gap.resume is not None and int(done[0][1].get("plan_lsn_int", 0)) >= int(Lsn.parse(gap.resume))
+    return bool(done) and gap.resume is not None and gap.covered_by(int(done[0][1].get("plan_lsn_int", 0)),
+                                                                    done[0][1].get("server"))
 
 
-def mark_gap(control: ControlConnection, fs: OutputFs, slot: str, output: str, run: str) -> CommitRecord | None:
-    """Write the gap record if the slot is past the output (None: no gap, or already marked); see the module doc."""
+@dataclass
+class Marked:
+    """What :func:`mark_gap` wrote: the gap record, and for a new history what its proof needs."""
+
+    record: CommitRecord
+    history: resync_history.NewHistory | None = None
+
+
+def mark_gap(control: ControlConnection, fs: OutputFs, opts: SnapshotOptions, run: str) -> Marked | None:
+    """Write the gap record if the slot cannot go on feeding the output as it is (None: no gap, or already marked).
+
+    A slot past the output: the record at once (module docstring). Another
+    system or a diverged timeline: :func:`resync_history.prepare` first, then
+    the record, then the slot advanced to its ``resume``. A timeline that
+    cannot be verified raises its error.
+    """
     commit_log = CommitLog(fs)
 
     def head() -> OutputHead:
         hwm, record = output_head(commit_log)
         return OutputHead(hwm, ServerIdentity.from_json(record.server) if record is not None else None)
 
-    verdict = check_slot_gap(control.slot_info, head, output_path=output, identity=lambda: control.call(read_identity),
+    verdict = check_slot_gap(control.slot_info, head, output_path=opts.output,
+                             identity=lambda: control.call(read_identity),
                              history=lambda t: control.call(lambda c: read_timeline_history(c, t)))
     if verdict.error is None:
         return None
-    if verdict.position == TIMELINE_UNVERIFIED:
-        raise verdict.error  # the timeline history needs a grant: nothing to judge with
+    if verdict.position not in (SLOT_AHEAD, TIMELINE_DIVERGED, OTHER_SERVER):
+        raise verdict.error  # timeline_unverified: the timeline history needs a grant, nothing to judge with
+    history = None
+    start, resume = str(verdict.output.high_water_mark), str(verdict.slot.confirmed_flush_lsn)
     if verdict.position != SLOT_AHEAD:
-        raise SlotGapError(verdict.error.message,
-                           "resync cannot take back changes the server never had: stop ingesting into this output, "
-                           "then snapshot into a new output (see "
-                           "docs/how-to/lost-slot.md#a-lost-slot-another-server-a-diverged-timeline)",
-                           lsn=verdict.error.lsn)
+        history = resync_history.prepare(control, verdict, opts.publications, opts.wait_timeout_s)
+        start, resume = str(history.start), str(history.resume)
     state = commit_log.state()
     seq = state.head + 1
-    hwm = state.high_water_mark
     record = CommitRecord(
-        start=str(verdict.output.high_water_mark), end=str(hwm), rows=0, files=[], partition=None, slot=slot,
+        start=start, end=str(state.high_water_mark), rows=0, files=[], partition=None, slot=opts.slot,
         plugin=verdict.slot.plugin or "", version=GAP_VERSION, seq=seq, prev=state.prev_of(seq), kind=GAP, run=run,
-        server=verdict.server.as_json(), resume=str(verdict.slot.confirmed_flush_lsn),
+        server=verdict.server.as_json(), resume=resume, reason=verdict.position,
     )
     if not commit_log.create(record):
         raise FenceLostError(f"another run published commit-log record {seq} while the gap was being marked",
                              "rerun pgpoll resync once the other run is done")
-    log.warning("gap marked in %s: the changes in (%s, %s] are not in the output", output, record.start, record.resume)
-    return record
+    if history is not None:
+        control.call(lambda c: advance_slot(c, opts.slot, history.resume))
+        log.warning("gap marked in %s: the output holds changes in (%s, %s] this server never had and lacks the "
+                    "server's up to %s; the slot goes on from %s", opts.output, record.start, record.end, resume, resume)
+    else:
+        log.warning("gap marked in %s: the changes in (%s, %s] are not in the output", opts.output, record.start,
+                    record.resume)
+    return Marked(record, history)
+
+
+def _proved_snapshot(opts: SnapshotOptions, spark: Any, stop: StopRequest | None,
+                     show_progress: Callable[[str], None] | None, fs: OutputFs,
+                     history: resync_history.NewHistory | None) -> Any:
+    """The snapshot; for a new history, taken again (once) if a chunk missed a transaction the slot skips."""
+    snap = run_snapshot(replace(opts), spark=spark, stop=stop, show_progress=show_progress)
+    if history is None or snap.exit_code != 0 or snap.snapshot_id is None:
+        return snap
+    missed = resync_history.invisible(fs, snap.snapshot_id, history.xids)
+    if not missed:
+        return snap
+    log.warning("snapshot %s did not see %d transaction(s) committed below %s: taking a new one", snap.snapshot_id,
+                len(missed), history.resume)
+    snap = run_snapshot(replace(opts), spark=spark, stop=stop, show_progress=show_progress)
+    if snap.exit_code == 0 and snap.snapshot_id is not None and resync_history.invisible(fs, snap.snapshot_id, missed):
+        raise SlotGapError(f"snapshot {snap.snapshot_id} does not see every transaction committed below "
+                           f"{history.resume}", "rerun pgpoll resync: it takes a new snapshot")
+    return snap
 
 
 def run_resync(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | None = None,
@@ -143,21 +193,25 @@ def run_resync(opts: SnapshotOptions, spark: Any = None, stop: StopRequest | Non
                               "pass --publication NAME")
         lease = Lease(fs, run=run, slot=opts.slot)
         lease.acquire()  # no ingest while the marker is written (exit 3 at once)
+        keeper = LeaseKeeper(lease)  # a new history's preparation can outlast the lease's TTL
         try:
-            marked = mark_gap(control, fs, opts.slot, opts.output, run)
+            marked = mark_gap(control, fs, opts, run)
         finally:
+            keeper.stop()
             lease.release()
     finally:
         control.close()
-    gap = marked or newest_gap(fs)
+    gap = marked.record if marked is not None else newest_gap(fs)
+    history = marked.history if marked is not None else None
     summary.marked = marked is not None
     summary.gap = _gap_json(gap) if gap is not None else None
+    summary.history = history.as_json() if history is not None else None
     if gap is None:
         summary.notes.append("the slot and the output agree and no gap is on record: nothing to resync")
     elif not marked and _covered(fs, gap):
         summary.notes.append(f"a complete snapshot planned after the gap at record {gap.seq} exists: nothing to do")
     else:
-        snap = run_snapshot(replace(opts), spark=spark, stop=stop, show_progress=show_progress)
+        snap = _proved_snapshot(opts, spark, stop, show_progress, fs, history)
         summary.snapshot = json.loads(snap.to_json())
         summary.status, summary.exit_code = snap.status, snap.exit_code
     summary.seconds = round(time.monotonic() - started, 3)

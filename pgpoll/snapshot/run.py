@@ -183,8 +183,10 @@ def _release(leases: Sequence[Lease]) -> None:
 def _plan_or_resume(control: ControlConnection, fs: OutputFs, opts: SnapshotOptions, plugin: str,
                     tables: Sequence[SnapshotTable],
                     summary: SnapshotSummary) -> tuple[SnapshotStore, dict[str, Any]]:
+    from pgpoll.source.server_identity import read_identity
     from pgpoll.source.snapshot.reads import current_wal_lsn, plan_chunks
 
+    server = control.call(read_identity).as_json()
     args = planning.normalised_args(
         slot=opts.slot, plugin=plugin, publications=opts.publications, tables=opts.tables,
         exclude_tables=opts.exclude_tables, row_filters=opts.row_filters, chunk_rows=opts.chunk_rows, mode=opts.mode,
@@ -193,13 +195,14 @@ def _plan_or_resume(control: ControlConnection, fs: OutputFs, opts: SnapshotOpti
     if sid is not None:
         store = SnapshotStore(fs, sid)
         plan = store.plan()
-        if planning.same_tables(plan, tables):
+        if planning.same_tables(plan, tables) and planning.same_server(plan, server):
             summary.resumed = True
             for entry in plan["tables"]:
                 store.resume_table(entry["dir"])  # (a partly read shared-snapshot table is read again as a whole)
             log.info("resuming snapshot %s", sid)
             return store, plan
-        log.info("snapshot %s was planned for other tables or table shapes: starting a new one", sid)
+        log.info("snapshot %s was planned for other tables or table shapes, or on another server or timeline: "
+                 "starting a new one", sid)
     sid = new_snapshot_id()
     plan_lsn = int(control.call(current_wal_lsn))
     entries = []
@@ -214,7 +217,7 @@ def _plan_or_resume(control: ControlConnection, fs: OutputFs, opts: SnapshotOpti
                 chunk_seconds=None if opts.chunk_seconds is None else opts.chunk_seconds * scale)))
         entries.append(planning.table_entry(t, chunks, pieces))
     plan = planning.build_plan(sid, slot=opts.slot, plugin=plugin, publications=opts.publications, args=args,
-                               plan_lsn=plan_lsn, entries=entries)
+                               plan_lsn=plan_lsn, entries=entries, server=server)
     store = SnapshotStore(fs, sid)
     store.create_plan(plan)
     return store, plan

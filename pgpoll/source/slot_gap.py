@@ -62,12 +62,13 @@ DURING_RUN = "the run's earlier batches stay committed, nothing after them was w
 """The fix of a slot past the output: ``resync`` marks the gap and snapshots the tables on the same output."""
 
 OTHER_HISTORY_FIX = (
-    "stop ingesting into {output}: it holds changes this server never had, which neither a rerun nor "
-    "`pgpoll resync` can take back; snapshot into a new output (see "
-    "docs/how-to/lost-slot.md#a-lost-slot-another-server-a-diverged-timeline); nothing was written and the slot "
-    "was not moved"
+    "run `pgpoll resync --slot {slot} --output {output}`: it marks the changes this server never had, brings the "
+    "server's WAL past the output's mark and snapshots every table, so materialize rebuilds each state from this "
+    "server (or snapshot into a new output; see docs/how-to/lost-slot.md#a-lost-slot-another-server-a-diverged-timeline); "
+    "nothing was written and the slot was not moved"
 )
-"""The fix of another server or a diverged timeline: ``resync`` refuses these, so the hint must not name it."""
+"""The fix of another server or a diverged timeline: ``resync`` takes the output over to the new history
+(:mod:`pgpoll.snapshot.resync_history`)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ class Verdict:
     server: ServerIdentity
     """The server as read now (what the next record will name)."""
     error: SlotGapError | PrivilegeError | None = None
+    switch_point: Lsn | None = None
+    """A diverged timeline: where the server's history left the output's (None: another branch or system)."""
 
 
 def judge(
@@ -113,7 +116,7 @@ def judge(
     if hwm is None:
         return Verdict(NO_COMMITS, slot, output, server)
     was = output.server
-    other_fix = OTHER_HISTORY_FIX.format(output=output_path)
+    other_fix = OTHER_HISTORY_FIX.format(slot=slot.name, output=output_path)
     if was is not None and was.system_identifier != server.system_identifier:
         return Verdict(OTHER_SERVER, slot, output, server, SlotGapError(
             f"the output up to {hwm} was read from database system {was.system_identifier}, the slot "
@@ -130,7 +133,7 @@ def judge(
                 f"the output holds changes {held} of timeline {was.timeline} that this server "
                 f"(timeline {server.timeline}) never had: it left timeline {was.timeline} "
                 + (f"at {switch}, before the output's high-water mark" if switch is not None else "on another branch"),
-                other_fix, lsn=str(hwm)))
+                other_fix, lsn=str(hwm)), switch_point=switch)
     ahead = moved_past(slot, hwm, output_path=output_path)
     if ahead is not None:
         return Verdict(SLOT_AHEAD, slot, output, server, ahead)

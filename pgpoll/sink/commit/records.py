@@ -34,6 +34,8 @@ VERSION = 2
 
 BATCH, GAP = "batch", "gap"
 KINDS = (BATCH, GAP)
+NEW_HISTORY = ("timeline_diverged", "other_server")
+"""Gap reasons of a server whose history is not the output's (:mod:`pgpoll.source.slot_gap`'s positions)."""
 GAP_VERSION = 3
 """Gap records (``kind`` "gap", written by ``pgpoll resync``) are format 3: a pgpoll that reads only up to 2
 refuses the output rather than read an empty batch where changes are missing."""
@@ -120,6 +122,10 @@ class CommitRecord:
     server: dict[str, Any] | None = None
     resume: str | None = None
     """Gap records: where the slot was when the gap was marked (the changes up to it are missing)."""
+    reason: str | None = None
+    """Gap records: why (:mod:`pgpoll.source.slot_gap`'s position): ``timeline_diverged`` and ``other_server`` mark a
+    server whose history is not the output's (``start`` is then where they part: the switch point, or 0/0 for
+    another system); None (older records) or ``slot_ahead_of_output``: a slot moved past the output."""
     prev_rows: int | None = None
     """The newest earlier record that wrote rows (0: none; None: written before 0.3, unknown)."""
     prev_tables: dict[str, int] | None = None
@@ -132,6 +138,25 @@ class CommitRecord:
     def is_gap(self) -> bool:
         """A gap marker, not a batch."""
         return self.kind == GAP
+
+    @property
+    def new_history(self) -> bool:
+        """A gap marked on a server whose history left the output's (a diverged timeline, another system)."""
+        return self.is_gap and self.reason in NEW_HISTORY
+
+    def covered_by(self, plan_lsn: int, plan_server: Any) -> bool:
+        """Whether a snapshot planned at ``plan_lsn`` on ``plan_server`` (its plan's ``server``) holds what this gap
+        lacks: planned at or after ``resume`` and, when both name a server, on this gap's system at its timeline or
+        a later one. A snapshot of the old history can be planned past ``resume`` (positions are reused there), so
+        a new-history gap takes no snapshot that names no server (every such snapshot predates it)."""
+        resume = Lsn.parse(self.resume) if self.resume is not None else self.end_lsn
+        if plan_lsn < int(resume):
+            return False
+        gap_server, server = self.server, plan_server if isinstance(plan_server, dict) else None
+        if server is None or not isinstance(gap_server, dict):
+            return not self.new_history
+        return (server.get("system_identifier") == gap_server.get("system_identifier")
+                and int(server.get("timeline", 0)) >= int(gap_server.get("timeline", 0)))
 
     @property
     def end_lsn(self) -> Lsn:
