@@ -89,8 +89,8 @@ def test_a_refusal_is_read_again_and_a_concurrent_publish_clears_it() -> None:
 
 def test_a_slot_past_the_mark_on_another_system_is_another_server_not_a_gap() -> None:
     found = verdict("0/6000000", OutputHead(H, ServerIdentity(SYS, 1)), ServerIdentity("42", 1))
-    assert found.position == OTHER_SERVER and found.error is not None
-    assert found.error.hint is not None and "run `pgpoll resync" not in found.error.hint
+    assert found.position == OTHER_SERVER and found.error is not None and found.switch_point is None
+    assert found.error.hint is not None and "run `pgpoll resync --slot s --output /o`" in found.error.hint
     assert "lost-slot.md#a-lost-slot-another-server-a-diverged-timeline" in found.error.hint
 
 
@@ -100,7 +100,8 @@ def test_a_slot_past_the_mark_on_a_diverged_timeline_is_diverged_not_a_gap() -> 
     assert found.position == TIMELINE_DIVERGED and found.error is not None
     assert "(0/4000000, 0/5000000] of timeline 1" in found.error.message
     assert found.error.hint is not None and "a-lost-slot-another-server-a-diverged-timeline" in found.error.hint
-    assert "run `pgpoll resync" not in found.error.hint
+    assert "run `pgpoll resync --slot s --output /o`" in found.error.hint  # it takes the output to the new history
+    assert found.switch_point == Lsn.parse("0/4000000")  # where the resync's gap record starts
 
 
 def test_a_slot_past_the_mark_after_a_safe_failover_is_a_gap() -> None:

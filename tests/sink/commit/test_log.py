@@ -203,3 +203,21 @@ def test_summarize_a_new_or_absent_output(tmp_path: Path) -> None:
     summary = summarize(str(tmp_path / "nothing-here"))
     assert (summary.records, summary.rows, summary.high_water_mark, summary.head) == (0, 0, None, 0)
     assert summary.fenced
+
+
+def _gap(reason: str | None, server: dict[str, Any] | None) -> CommitRecord:
+    return CommitRecord(start="0/3000000", end="0/5000000", rows=0, files=[], partition=None, slot="s", plugin="p",
+                        version=3, seq=2, kind="gap", resume="0/5000000", server=server, reason=reason)
+
+
+def test_a_gap_of_a_new_history_is_covered_only_by_a_snapshot_of_that_server_planned_after_it() -> None:
+    new = _gap("timeline_diverged", {"system_identifier": "7", "timeline": 2})
+    after = int(Lsn.parse("0/5000001"))
+    assert new.new_history and new.covered_by(after, {"system_identifier": "7", "timeline": 2})
+    assert new.covered_by(after, {"system_identifier": "7", "timeline": 3})  # a later failover of that server
+    assert not new.covered_by(after, {"system_identifier": "7", "timeline": 1})  # the old timeline, positions reused
+    assert not new.covered_by(after, {"system_identifier": "8", "timeline": 2})
+    assert not new.covered_by(after, None)  # a plan naming no server predates every such gap
+    assert not new.covered_by(int(Lsn.parse("0/4FFFFFF")), {"system_identifier": "7", "timeline": 2})
+    old = _gap(None, None)  # a slot moved past the output, marked by an older pgpoll: by position alone
+    assert not old.new_history and old.covered_by(after, None) and old.covered_by(after, {"timeline": 1})
