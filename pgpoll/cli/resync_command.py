@@ -1,4 +1,5 @@
-"""``pgpoll resync``: go on with the same output after its slot was moved past it (see :mod:`pgpoll.snapshot.resync`)."""
+"""``pgpoll resync``: go on with the same output after its slot was moved past it, or after an unsafe failover
+(see :mod:`pgpoll.snapshot.resync`)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,13 @@ def command(slot: str, output: str, publications: tuple[str, ...], parallelism: 
     """Mark the gap between the output and its slot in the commit log, then snapshot every captured table.
 
     ingest can run again as soon as the gap is marked; materialize builds each
-    table across the gap only from the snapshot taken after it. Rerun after an
-    interruption: the snapshot resumes. Prints one JSON line (the summary).
+    table across the gap only from the snapshot taken after it. On another
+    database system or a timeline that left the output's before its mark (an
+    unsafe failover), it first brings the server's WAL past the mark
+    (pg_switch_wal, at most 1 GiB) and waits until the transactions the slot
+    will skip are visible, so that the snapshot holds them; materialize then
+    rebuilds every state from this server. Rerun after an interruption: the
+    snapshot resumes. Prints one JSON line (the summary).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
