@@ -3,11 +3,14 @@
 A primary and a physical standby streaming from slot ``sb1``, which the
 primary names in ``synchronized_standby_slots``; a failover slot; an
 application inserting throughout, through a multi-host DSN; ingest runs until
-the standby's copy of the slot is sync-ready; the primary stopped with
-``-m immediate`` while the application writes; the standby promoted; ingest
-again with the same DSN. The output then holds every row the new primary has,
-exactly once, and no row it lacks (rows the old primary committed but never
-sent are in neither).
+the standby's copy of the slot is sync-ready, the first few of them
+processes SIGKILLed at seeded random moments after their first batch was
+planned (a peek, a write, a publish, an advance: wherever the moment falls); the primary stopped with
+``-m immediate`` while the application writes and while an ingest process
+is in the middle of a batch (a batch planned, not yet published); the standby
+promoted; ingest again with the same DSN. The output then holds every row
+the new primary has, exactly once, and no row it lacks (rows the old primary
+committed but never sent are in neither).
 
 The standby's slot sync worker (``sync_replication_slots = on``) keeps a
 temporary copy until the primary's slot has moved past it;
@@ -22,7 +25,14 @@ reaches.)
 from __future__ import annotations
 
 import collections
+import contextlib
+import functools
 import json
+import os
+import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -35,11 +45,13 @@ from click.testing import CliRunner
 
 from pgpoll.cli.main import cli
 from pgpoll.reader import read_changes_arrow
+from pgpoll.sink import layout
 from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs, run_sql, wait_until
 from pgpoll.testing.pytest_plugin import TEST_SETTINGS
 from tests.ingest.conftest import ingest
 
 VERSION = 17
+KILLS = 3  # ingest processes SIGKILLed during the run-up (seeded delays)
 
 
 _sql = run_sql
@@ -112,6 +124,47 @@ def pair() -> Iterator[tuple[ThrowawayCluster, ThrowawayCluster]]:
         primary.stop()
 
 
+class IngestProcess:
+    """``python -m pgpoll ingest`` in its own process group (no JVM: Spark would be local), stderr to a file."""
+
+    def __init__(self, dsn: str, args: tuple[str, ...], log: Path) -> None:
+        self.log = log
+        env = dict(os.environ, PGPOLL_DSN=dsn, PYSPARK_PYTHON=sys.executable)
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "pgpoll", "ingest", *args], env=env,
+                                         stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+
+    def kill(self) -> int:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.wait(timeout=30)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"ingest did not end within {timeout} s: {self.stderr()}") from None
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")[-2000:]
+
+
+def _planned(out: str) -> bool:
+    """A batch planned and not yet published (its plan file is in staging until the record is out)."""
+    staging = Path(out) / layout.STAGING
+    return staging.exists() and any(p.name.endswith(layout.PLAN_SUFFIX) for p in staging.iterdir())
+
+
+def _planned_or_ended(out: str, job: IngestProcess) -> bool:
+    return _planned(out) or job.proc.poll() is not None
+
+
+def _slot_idle(primary: ThrowawayCluster) -> bool:
+    """No backend holds the slot (a killed run's peek may still be finishing on the server)."""
+    return _sql(primary.dsn(), "SELECT active FROM pg_replication_slots WHERE slot_name = 'fs'") == [(False,)]
+
+
 def _sync_ready(standby: ThrowawayCluster) -> bool:
     rows = _sql(standby.dsn(), "SELECT synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = 'fs'")
     return rows == [(True,)]
@@ -151,10 +204,18 @@ def test_a_failover_slot_continues_exactly_on_the_promoted_standby(
     _sql(primary.dsn(), "SELECT pg_create_logical_replication_slot('fs', 'pgoutput', false, false, true)")
     out = str(tmp_path / "out")
     args = ("--slot", "fs", "--output", out, "--publication", "app_pub")
+    rng = random.Random("failover-proof")
+    killed: list[int] = []
     with App(multi) as app:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         runs = 0
         while True:
+            if len(killed) < KILLS:  # a run killed at a random point, then a run that recovers after it
+                job = IngestProcess(multi, (*args, "--batch-changes", "40"), tmp_path / f"killed-{len(killed)}.log")
+                wait_until(functools.partial(_planned_or_ended, out, job), timeout=20, interval=0.01)
+                time.sleep(rng.uniform(0.0, 0.5))  # from its first batch's plan on: a peek, a write, a publish...
+                killed.append(job.kill())
+                assert wait_until(lambda: _slot_idle(primary), timeout=30)
             assert ingest(multi, *args).exit_code == 0
             runs += 1
             if _sync_ready(standby):
@@ -164,9 +225,12 @@ def test_a_failover_slot_continues_exactly_on_the_promoted_standby(
         _standby_reports_ready(standby, Path(out))
         assert ingest(multi, *args).exit_code == 0  # the copy may lag the output: the re-advance covers that
         before = app.next_id
-        assert wait_until(lambda: app.next_id > before + 20, timeout=10)
-        primary._run("pg_ctl", "-D", str(primary.datadir), "-m", "immediate", "-w", "stop")  # mid-write
+        assert wait_until(lambda: app.next_id > before + 100, timeout=20)  # a backlog of several batches
+        in_flight = IngestProcess(multi, (*args, "--batch-changes", "10"), tmp_path / "in-flight.log")
+        assert wait_until(lambda: _planned(out), timeout=30, interval=0.01), in_flight.stderr()
+        primary._run("pg_ctl", "-D", str(primary.datadir), "-m", "immediate", "-w", "stop")  # mid-write, mid-batch
         standby._run("pg_ctl", "-D", str(standby.datadir), "-w", "promote")
+        in_flight_code = in_flight.wait(timeout=120)
         failed_over = app.next_id
         assert wait_until(lambda: app.next_id > failed_over + 20, timeout=30), "the application found no primary"
     after = ingest(multi, *args)
@@ -178,6 +242,8 @@ def test_a_failover_slot_continues_exactly_on_the_promoted_standby(
                                                              table.column("after").to_pylist(), strict=True)
         if op == "I"
     )
+    assert -signal.SIGKILL in killed and set(killed) <= {0, -signal.SIGKILL}  # (0: it had finished by then)
+    assert in_flight_code in (0, 4), in_flight.stderr()  # its batch in flight is not published; no crash
     assert app.failures >= 1  # the application did see the primary go
     assert set(ids) == on_new_primary
     assert max(ids.values()) == 1
