@@ -44,6 +44,7 @@ from pgpoll.source.names import check_slot_name
 from pgpoll.source.server_errors import translate
 from pgpoll.source.session import pinned_transaction
 from pgpoll.source.slots import BINARY_PLUGINS
+from pgpoll.source.waits import CallWatch, watched
 
 __all__ = ["Boundary", "flush_position", "mark_boundary", "next_boundary", "wait_flushed"]
 
@@ -153,6 +154,7 @@ def next_boundary(
     cap: Lsn | None = None,
     max_changes: int | None = None,
     max_bytes: int | None = None,
+    watch: CallWatch | None = None,
 ) -> Boundary:
     """The last boundary after ``after`` (and at most ``cap``) within the limits, or the first one past them.
 
@@ -160,10 +162,13 @@ def next_boundary(
     peek (``upto_lsn``) and the boundaries (a Trigger.AvailableNow run's
     target: nothing committed later is taken). Each peek runs in one
     read-only transaction with the pinned settings; the slot does not move.
+    ``watch`` reports a peek that waits on the server and cancels a failover
+    slot's hopeless wait on ``synchronized_standby_slots`` (:mod:`pgpoll.source.waits`):
+    the SQL peek of a failover slot waits for those standbys as ingest's does.
     """
     check_slot_name(slot)
     if max_changes is None and max_bytes is None:
-        return _last_boundary(conn, slot, plugin, options, after, cap)
+        return _last_boundary(conn, slot, plugin, options, after, cap, watch)
     query = _query(plugin, options)
     upto_n = _first_bound(max_changes, max_bytes)
     peeked = 0
@@ -175,7 +180,8 @@ def next_boundary(
         }
         try:
             with pinned_transaction(conn) as cur:
-                cur.execute(query, params)
+                with watched(watch, cur):
+                    cur.execute(query, params)
                 row = cur.fetchone()
         except psycopg2.Error as exc:
             raise translate(exc, slot=slot) from None
@@ -194,14 +200,16 @@ def next_boundary(
         upto_n *= _WIDEN  # the peek stopped on its bound before reaching a limit: more may fit
 
 
-def _last_boundary(conn: Any, slot: str, plugin: str, options: list[str], after: Lsn, cap: Lsn | None) -> Boundary:
+def _last_boundary(conn: Any, slot: str, plugin: str, options: list[str], after: Lsn, cap: Lsn | None,
+                   watch: CallWatch | None = None) -> Boundary:
     """:func:`next_boundary` without limits. ``changes``/``bytes`` count every change of the peek (the slot is
     at ``after`` when a stream asks, so that is what the batch holds before ``tables`` filters it)."""
     params: dict[str, Any] = {"slot": slot, "after": str(after), "upto_lsn": str(cap) if cap is not None else None,
                               **{f"o{i}": value for i, value in enumerate(options)}}
     try:
         with pinned_transaction(conn) as cur:
-            cur.execute(_query_all(plugin, options), params)
+            with watched(watch, cur):
+                cur.execute(_query_all(plugin, options), params)
             rows, last, changes, size = cur.fetchone()
     except psycopg2.Error as exc:
         raise translate(exc, slot=slot) from None

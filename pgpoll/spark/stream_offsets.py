@@ -54,6 +54,14 @@ If the slot is already past ``start`` (a lost or restored checkpoint,
 another consumer, an administrator's advance), the changes between are gone
 from the slot: :class:`~pgpoll.errors.SlotMovedError`, never a silent skip.
 
+Every call that can wait on the server is watched (:mod:`pgpoll.source.waits`),
+as ingest's are: the driver's peek for the next batch's end, the advance (the
+control connection's), and each task's peek (the ingest task's). A failover
+slot's peek waiting on ``synchronized_standby_slots`` for a standby slot that
+is missing, invalidated or inactive is reported, then cancelled: the query
+fails with :class:`~pgpoll.errors.StandbyWaitError` naming the setting,
+instead of hanging with nothing said.
+
 Heartbeats: with pgoutput on PostgreSQL 15+ a transaction that touches no
 published table produces no row, so a slot whose database writes only other
 tables would never reach a boundary and would pin WAL. When the slot lags
@@ -79,6 +87,7 @@ from pgpoll.source.commit_boundaries import Boundary, flush_position, mark_bound
 from pgpoll.source.connection import resolve_dsn
 from pgpoll.source.control import ControlConnection
 from pgpoll.source.names import check_identifier, check_slot_name
+from pgpoll.source.waits import CallWatch
 from pgpoll.spark.source_options import SourceOptions
 
 __all__ = ["HEARTBEAT_AFTER_BYTES", "StreamOffsets", "batch_range", "check_slot_not_past", "next_offset", "offset_json",
@@ -283,9 +292,10 @@ class StreamOffsets:
         if self.cap is not None and self.cap_is_boundary and max_changes is None and max_bytes is None:
             self.last = None  # no decode: the run's end is its one batch's end
             return self.cap if start < self.cap else start
+        watch = CallWatch(control.target, f'the peek of slot "{self.slot}" for the next batch\'s end')
         found = control.call(lambda c: next_boundary(
             c, self.slot, self.plugin, self._peek_options, after=start, cap=self.cap,
-            max_changes=max_changes, max_bytes=max_bytes))
+            max_changes=max_changes, max_bytes=max_bytes, watch=watch))
         self.decodes += 1
         self.last = found
         if found.end is None:

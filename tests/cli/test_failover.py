@@ -188,3 +188,38 @@ def test_a_heartbeat_waiting_for_a_synchronous_standby_is_reported_and_goes_on_w
     assert result.exit_code == 0, result.stderr
     waiting = [r.getMessage() for r in caplog.records if "has been waiting on the server" in r.getMessage()]
     assert waiting and 'the heartbeat of slot "hb_wait"' in waiting[0] and "IPC/SyncRep" in waiting[0]
+
+
+def test_a_stream_s_peek_for_its_next_batch_waiting_on_a_missing_standby_slot_is_reported_and_cancelled(
+    pg17: ThrowawayCluster, stale_standby_slots: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The Spark stream's driver-side peek (``latestOffset``), with a short grace to stay cheap; its tasks' peek is
+    ingest's (the test above) and its advance the control connection's (the one above)."""
+    from pgpoll.errors import StandbyWaitError
+    from pgpoll.lsn import Lsn
+    from pgpoll.spark.source_options import parse_options
+    from pgpoll.spark.stream_offsets import StreamOffsets
+
+    monkeypatch.setattr(waits, "FIRST_LOOK", 0.5)
+    monkeypatch.setattr(waits, "STANDBY_GRACE", 2.0)
+    dsn = pg17.dsn()
+    _sql(dsn, "SELECT pg_create_logical_replication_slot('fo_stream', 'test_decoding', false, false, true)")
+    _sql(dsn, "CREATE TABLE IF NOT EXISTS stream_t (id int)")
+    _sql(dsn, "INSERT INTO stream_t VALUES (1)")
+    offsets = StreamOffsets(parse_options({"slot": "fo_stream", "dsn": dsn}, streaming=True))
+    before = _sql(dsn, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'fo_stream'")
+    try:
+        start = offsets.initial()
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING), pytest.raises(StandbyWaitError) as raised:
+            offsets.latest(start, None, None)
+        assert time.monotonic() - started < 10
+    finally:
+        offsets.stop()
+    assert "synchronized_standby_slots = 'sb_slot'" in raised.value.message and raised.value.hint
+    assert 'the peek of slot "fo_stream" for the next batch\'s end' in raised.value.message
+    said = [r.getMessage() for r in caplog.records if "has been waiting on the server" in r.getMessage()]
+    assert said and "WaitForStandbyConfirmation" in said[0]  # it said so while it waited
+    assert _sql(dsn, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'fo_stream'") == before
+    assert Lsn.parse(before[0][0]) == start
