@@ -59,7 +59,6 @@ from pgpoll.source.control import ControlConnection
 from pgpoll.source.names import check_slot_name
 from pgpoll.source.server_identity import ServerIdentity, read_identity, read_timeline_history
 from pgpoll.source.slot_gap import OTHER_SERVER, SLOT_AHEAD, TIMELINE_DIVERGED, OutputHead, check_slot_gap
-from pgpoll.source.slots import advance_slot
 from pgpoll.stopping import StopRequest
 
 log = logging.getLogger("pgpoll.resync")
@@ -148,7 +147,7 @@ def mark_gap(control: ControlConnection, fs: OutputFs, opts: SnapshotOptions, ru
         raise FenceLostError(f"another run published commit-log record {seq} while the gap was being marked",
                              "rerun pgpoll resync once the other run is done")
     if history is not None:
-        control.call(lambda c: advance_slot(c, opts.slot, history.resume))
+        control.advance(history.resume)  # watched: a failover slot's advance can wait on its standbys
         log.warning("gap marked in %s: the output holds changes in (%s, %s] this server never had and lacks the "
                     "server's up to %s; the slot goes on from %s", opts.output, record.start, record.end, resume, resume)
     else:

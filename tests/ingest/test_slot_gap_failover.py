@@ -159,6 +159,9 @@ def test_resync_takes_the_output_over_to_the_new_primary_and_every_state_equals_
     _sql(dsn, "INSERT INTO items VALUES (4000, 'after resync')")
     resumed = ingest(dsn, "--slot", "s", "--output", output, "--typed-tables")
     assert resumed.exit_code == 0 and resumed.summary is not None and resumed.summary["changes"] == 3, resumed.stderr
+    status = CliRunner().invoke(cli, ["status", "--output", output, "--json"], env={"PGPOLL_DSN": dsn})
+    assert status.exit_code == 0, status.output  # the slot on timeline 2 is accepted from the gap on
+    assert json.loads(status.stdout.splitlines()[0])["position"] == "in_sync"
 
     expected = _rows(dsn)
     assert len(expected) == 14 and not any(r["v"].startswith("b") or r["v"] == "old timeline only" for r in expected)
