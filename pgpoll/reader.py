@@ -35,11 +35,14 @@ def _files(path: str) -> tuple[Any, list[str], list[dict[str, Any]]]:
 
 
 def gaps(path: str) -> list[dict[str, Any]]:
-    """The gaps on record under ``path``, oldest first: ``{"seq", "after", "through"}``, the changes with a
-    ``commit_lsn`` in ``(after, through]`` are missing from the change log (every commit-log record is read)."""
+    """The gaps on record under ``path``, oldest first: ``{"seq", "after", "through", "replaced_through"}``, the
+    changes with a ``commit_lsn`` in ``(after, through]`` are missing from the change log (every commit-log record is
+    read). ``replaced_through`` is set for a gap of a new history (an unsafe failover, another system: the gap
+    record's ``reason``): the batches before the gap with a ``commit_lsn`` in ``(after, replaced_through]`` hold
+    changes the current source never had; None for a slot that was moved past the output."""
     from pgpoll.sink.commit.log import CommitLog
 
-    return [{"seq": r.seq, "after": r.start, "through": r.resume}
+    return [{"seq": r.seq, "after": r.start, "through": r.resume, "replaced_through": r.end if r.new_history else None}
             for r in CommitLog(open_output(path)).records() if r.is_gap]
 
 

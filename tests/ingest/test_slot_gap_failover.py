@@ -28,6 +28,7 @@ from click.testing import CliRunner
 from pgpoll.cli import exitcodes
 from pgpoll.cli.main import cli
 from pgpoll.lsn import Lsn
+from pgpoll.reader import gaps
 from pgpoll.sink.commit.log import CommitLog
 from pgpoll.sink.layout import table_dir_name
 from pgpoll.sink.stores.filesystem import open_output
@@ -150,6 +151,7 @@ def test_resync_takes_the_output_over_to_the_new_primary_and_every_state_equals_
     assert history["wal_switches"] >= 1 and history["transactions_below_resume"] >= 3, history
     assert Lsn.parse(_sql(dsn, "SELECT pg_current_wal_flush_lsn()::text")[0][0]) >= Lsn.parse(hwm)
     assert _sql(dsn, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots")[0][0] == hwm  # advanced to R
+    assert gaps(output) == [{"seq": 2, "after": switch, "through": hwm, "replaced_through": hwm}]
     gap = CommitLog(open_output(output)).records()[-1]
     assert gap.is_gap and gap.new_history and gap.server == {"system_identifier": gap.server["system_identifier"],
                                                              "timeline": 2}

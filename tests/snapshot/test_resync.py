@@ -102,7 +102,7 @@ def test_resync_after_a_recreated_slot_brings_the_state_equal_to_the_source(
     code, _, err = materialize(cap.output)
     assert code == 2 and "public.items: the output lacks the changes in" in err and "pgpoll resync" in err, err
 
-    assert gaps(cap.output) == [{"seq": gap.seq, "after": gap.start, "through": gap.resume}]
+    assert gaps(cap.output) == [{"seq": gap.seq, "after": gap.start, "through": gap.resume, "replaced_through": None}]
     listed = CliRunner().invoke(cli, ["batches", "--output", cap.output, "--json"])
     assert [json.loads(line) for line in listed.stdout.splitlines()][-1]["totals"]["gaps"] == 1
     code, summary, err = _resync(cap)  # finds the gap marked, resumes the killed run's snapshot
