@@ -89,7 +89,11 @@ class CommitRecord:
     written on (a gap never moves the mark past changes the output does not
     hold), so ``start`` and ``end`` differ only after a second gap; ingest
     goes on from ``resume``, and materialize builds no table across it
-    without a snapshot planned after it.
+    without a snapshot planned after it. A gap of a new history (``reason``
+    ``timeline_diverged`` or ``other_server``: an unsafe failover, another
+    system) starts where the histories part instead: the records in
+    ``(start, end]`` hold changes the server never had
+    (:mod:`pgpoll.snapshot.resync_history`).
     """
 
     start: str
