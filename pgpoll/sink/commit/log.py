@@ -26,6 +26,10 @@ be wrong falls back to listing, which stays the reference:
 * stale (a newer checkpoint exists): correct anyway — any checkpoint at or
   below the head plus the records after it is the whole log — just a longer
   tail, until the next checkpoint rewrites it;
+* the checkpoint's own record N is gone: list, unless ``pgpoll retain``
+  removed it on purpose (at or below the retention floor,
+  :mod:`pgpoll.sink.commit.floor`): the checkpoint and the records after
+  it are the whole log still there;
 * the first absent record N+k is followed by N+k+1 (a record removed by hand,
   not a race: the probe re-checks N+k first): list, so the head is the
   largest ``seq`` as before;
@@ -55,6 +59,7 @@ from pgpoll.errors import SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
 from pgpoll.sink.commit.checkpoints import CHECKPOINT_EVERY, KEEP_CHECKPOINTS, POINTER, Checkpoint, LogState
+from pgpoll.sink.commit.floor import read_floor
 from pgpoll.sink.commit.records import GAP_VERSION, VERSION, CommitRecord, parse_timestamp, record_name, utc_now
 from pgpoll.sink.stores.filesystem import OutputFs, open_output
 
@@ -178,7 +183,8 @@ class CommitLog:
         ``after`` must exist (None when it is gone); an absent record followed
         by a present one is a hole (removed by hand): None.
         """
-        if record_name(after) not in self._records and not self.fs.exists(self.record_path(after)):
+        if record_name(after) not in self._records and not self.fs.exists(self.record_path(after)) \
+                and not self._retained(after):
             return None
         seq, records = after, []
         while True:
@@ -193,6 +199,14 @@ class CommitLog:
                 return seq, records
             if not self.fs.exists(self.record_path(nxt)):  # not created meanwhile by a live run: a hole
                 return None
+
+    def _retained(self, seq: int) -> bool:
+        """Whether record ``seq`` was removed on purpose by ``pgpoll retain`` (at or below the retention floor)."""
+        try:
+            floor = read_floor(self.fs)
+        except SinkError:
+            return False
+        return floor is not None and floor.seq >= seq
 
     def state(self) -> LogState:
         """The newest checkpoint (as far as known) and every record after it: a bounded read when the pointer holds."""
@@ -265,7 +279,8 @@ class CommitLog:
             return []
         if cp.partitions is not None:
             return [(str(p[0]), list(p[1])) for p in cp.partitions]
-        folded = self.records_after(0, replace(state, head=cp.seq, tail=()))
+        floor = read_floor(self.fs)  # records below it were removed by pgpoll retain, with their partitions
+        folded = self.records_after(floor.seq if floor is not None else 0, replace(state, head=cp.seq, tail=()))
         return [(r.partition, list(r.tables)) for r in folded if r.partition]
 
     def high_water_mark(self) -> Lsn | None:
