@@ -69,14 +69,14 @@ def command(output: str, retention: str, dry_run: bool, unregister: tuple[str, .
                 click.echo(f"unregistered {d.name}")
         return
     if hours is None:
-        out = {"dry_run": False, "retention": "off", "batches": 0, "floor": None, "note":
+        off = {"dry_run": False, "retention": "off", "batches": 0, "floor": None, "note":
                "--retention is off: nothing removed (set --retention or PGPOLL_RETENTION, e.g. 7d)"}
         if as_json:
-            echo_json(out)
+            echo_json(off)
         else:
-            click.echo(out["note"])
+            click.echo(off["note"])
         return
-    out = run_retain(output, timedelta(hours=hours), dry_run=dry_run, fs=fs)
+    out: dict[str, Any] = run_retain(output, timedelta(hours=hours), dry_run=dry_run, fs=fs)
     out["destinations"] = [{"dest": d.dest, "format": d.format, "catalog": d.catalog,
                             "position": str(d.position()) if d.position() is not None else None,
                             "building": d.building is not None, "updated_at": d.updated_at}

@@ -8,9 +8,13 @@ every record after ``seq``. It is written **before** any file is deleted,
 and only ever raised, so that everything reading the log knows records below
 it are gone on purpose rather than lost:
 
-* start-up (:mod:`pgpoll.sink.commit.log`) probes from the newest checkpoint;
-  that checkpoint's own record may be gone once it is at or below the floor,
-  without sending start-up to a full listing;
+* start-up (:mod:`pgpoll.sink.commit.log`) reads the newest checkpoint and
+  probes the records after it: ``pgpoll retain`` first writes a checkpoint
+  at the head, which folds every record it removes, and never removes that
+  checkpoint's record, so start-up stays a bounded read (a pointer left at an
+  older checkpoint lists, as any stale pointer does);
+* recovery's full pass and plain reads of local outputs read the folded
+  records by number from the floor up, not from record 1;
 * :class:`pgpoll.sink.commit.history.History` never reads below it, and
   refuses (:class:`pgpoll.errors.ConfigError`, exit 2) a table whose
   position is behind the removed records that named it (``tables``: for each

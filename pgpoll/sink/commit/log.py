@@ -26,10 +26,12 @@ be wrong falls back to listing, which stays the reference:
 * stale (a newer checkpoint exists): correct anyway — any checkpoint at or
   below the head plus the records after it is the whole log — just a longer
   tail, until the next checkpoint rewrites it;
-* the checkpoint's own record N is gone: list, unless ``pgpoll retain``
-  removed it on purpose (at or below the retention floor,
-  :mod:`pgpoll.sink.commit.floor`): the checkpoint and the records after
-  it are the whole log still there;
+* the checkpoint's own record N is gone: list. ``pgpoll retain`` removes
+  records only below a checkpoint it writes at the head first
+  (:mod:`pgpoll.sink.commit.floor`), so the newest checkpoint's record is
+  never one it removed; a pointer left at an older checkpoint whose record it
+  removed is stale, and trusting it would take the first removed record
+  after it for the head: the listing finds the newest checkpoint instead;
 * the first absent record N+k is followed by N+k+1 (a record removed by hand,
   not a race: the probe re-checks N+k first): list, so the head is the
   largest ``seq`` as before;
@@ -183,8 +185,7 @@ class CommitLog:
         ``after`` must exist (None when it is gone); an absent record followed
         by a present one is a hole (removed by hand): None.
         """
-        if record_name(after) not in self._records and not self.fs.exists(self.record_path(after)) \
-                and not self._retained(after):
+        if record_name(after) not in self._records and not self.fs.exists(self.record_path(after)):
             return None
         seq, records = after, []
         while True:
@@ -199,14 +200,6 @@ class CommitLog:
                 return seq, records
             if not self.fs.exists(self.record_path(nxt)):  # not created meanwhile by a live run: a hole
                 return None
-
-    def _retained(self, seq: int) -> bool:
-        """Whether record ``seq`` was removed on purpose by ``pgpoll retain`` (at or below the retention floor)."""
-        try:
-            floor = read_floor(self.fs)
-        except SinkError:
-            return False
-        return floor is not None and floor.seq >= seq
 
     def state(self) -> LogState:
         """The newest checkpoint (as far as known) and every record after it: a bounded read when the pointer holds."""
