@@ -6,6 +6,7 @@ standby included)."""
 from __future__ import annotations
 
 import json
+import runpy
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -113,3 +114,15 @@ def test_a_snapshot_needs_what_materialize_would_read_on_it() -> None:
     assert need.needs(_record(1100, 600, 700))
     assert not need.needs(_record(1000, None, None))  # no transaction ids (older ingest): by LSN, as materialize
     assert need.needs(_record(1001, None, None))
+
+
+def test_the_housekeeping_job_runs_retain_with_the_retention_it_is_given(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    job = runpy.run_path(str(Path(__file__).resolve().parents[2] / "jobs" / "housekeeping.py"))
+    build(tmp_path, 30)
+    job["run"](["--output", str(tmp_path)])  # no --retention, no PGPOLL_RETENTION: off, nothing removed
+    assert _commits(tmp_path) == list(range(1, 31))
+    job["run"](["--output", str(tmp_path), "--retention", "0h"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert lines[-1]["job"] == "housekeeping" and lines[-1]["steps"]["retain"] == 0  # the summary the operator reads
+    assert lines[-2]["batches"] == 29 and _commits(tmp_path) == [30]  # retain's own line, then the job's
