@@ -24,7 +24,11 @@ from pgpoll.sink.commit.log import CommitLog, CommitRecord
 from pgpoll.sink.stores.local import LocalOutputFs
 from tests.sink.commit.test_startup_many_batches import STEP, RecordingFs, build
 
-NOW = datetime.now(UTC) + timedelta(seconds=5)
+
+def _now() -> datetime:
+    """Later than every record the test wrote."""
+    return datetime.now(UTC) + timedelta(seconds=1)
+
 EVERYTHING = timedelta(0)
 
 
@@ -51,13 +55,13 @@ def test_a_killed_run_is_finished_by_the_next_and_start_up_stays_bounded(tmp_pat
     build(tmp_path, 120)
     monkeypatch.setenv("PGPOLL_TEST_NO_LOCK", "1")  # a killed run's lease would be taken over: leave it out
     with pytest.raises(SinkError):
-        run_retain(str(tmp_path), EVERYTHING, now=NOW, fs=FailingFs(LocalOutputFs(str(tmp_path)), 40))
+        run_retain(str(tmp_path), EVERYTHING, now=_now(), fs=FailingFs(LocalOutputFs(str(tmp_path)), 40))
     monkeypatch.delenv("PGPOLL_TEST_NO_LOCK")
     floor = read_floor(LocalOutputFs(str(tmp_path)))
     assert floor is not None and floor.seq == 119 and not floor.done  # written before anything was deleted
     assert _commits(tmp_path)[0] == 1  # the records go last: none yet
 
-    out = run_retain(str(tmp_path), EVERYTHING, now=NOW)
+    out = run_retain(str(tmp_path), EVERYTHING, now=_now())
 
     assert out["finished"] == 119 and out["batches"] == 0
     floor = read_floor(LocalOutputFs(str(tmp_path)))
@@ -77,7 +81,7 @@ def test_a_killed_run_is_finished_by_the_next_and_start_up_stays_bounded(tmp_pat
 
 def test_a_pointer_left_at_a_checkpoint_whose_record_is_gone_lists_and_finds_the_head(tmp_path: Path) -> None:
     build(tmp_path, 120)
-    run_retain(str(tmp_path), EVERYTHING, now=NOW)
+    run_retain(str(tmp_path), EVERYTHING, now=_now())
     (tmp_path / layout.META / "newest-checkpoint.json").write_text(json.dumps({"seq": 100, "clean": True}))
     state = CommitLog(LocalOutputFs(str(tmp_path))).state()
     assert state.listed and state.head == 120 and state.checkpoint is not None and state.checkpoint.seq == 120
@@ -86,19 +90,19 @@ def test_a_pointer_left_at_a_checkpoint_whose_record_is_gone_lists_and_finds_the
 def test_a_building_or_lagging_destination_holds_the_floor_until_it_is_unregistered(tmp_path: Path) -> None:
     build(tmp_path, 30)
     fs = LocalOutputFs(str(tmp_path))
-    started = destinations.start_run(fs, "/lake/a", "delta", None, 0, "r1")  # a run that died while building
-    plan = plan_retention(fs, EVERYTHING, NOW)
-    assert plan.floor == 0 and "/lake/a (delta) has a materialize run" in plan.warnings[-1]
+    started = destinations.start_run(fs, "s3://lake/a", "delta", None, 0, "r1")  # a run that died while building
+    plan = plan_retention(fs, EVERYTHING, _now())
+    assert plan.floor == 0 and "s3://lake/a (delta) has a materialize run" in plan.warnings[-1]
     destinations.end_run(fs, started, {"public.t": str(Lsn(10 * STEP + 0x10))})
-    destinations.start_run(fs, "/lake/b", "parquet", None, 0, "r2")
-    destinations.end_run(fs, destinations.find(fs, destinations.destination_key("/lake/b", "parquet")) or started,
+    destinations.start_run(fs, "s3://lake/b", "parquet", None, 0, "r2")
+    destinations.end_run(fs, destinations.find(fs, destinations.destination_key("s3://lake/b", "parquet")) or started,
                          {"public.t": str(Lsn(25 * STEP + 0x10))})
-    plan = plan_retention(fs, EVERYTHING, NOW)
-    assert plan.floor == 10 and "/lake/a (delta) has applied the batches only up to" in plan.warnings[-1]
-    assert "pgpoll retain --unregister /lake/a" in plan.warnings[-1]
-    assert [d.dest for d in destinations.unregister(fs, "/lake/a")] == ["/lake/a"]
-    assert plan_retention(fs, EVERYTHING, NOW).floor == 25  # now /lake/b's position
-    assert plan_retention(fs, timedelta(days=1), NOW).floor == 0  # nothing is a day old
+    plan = plan_retention(fs, EVERYTHING, _now())
+    assert plan.floor == 10 and "s3://lake/a (delta) has applied the batches only up to" in plan.warnings[-1]
+    assert "pgpoll retain --unregister s3://lake/a" in plan.warnings[-1]
+    assert [d.dest for d in destinations.unregister(fs, "s3://lake/a")] == ["s3://lake/a"]
+    assert plan_retention(fs, EVERYTHING, _now()).floor == 25  # now the position of lake/b
+    assert plan_retention(fs, timedelta(days=1), _now()).floor == 0  # nothing is a day old
 
 
 def _record(end: int, xid_min: int | None, xid_max: int | None) -> CommitRecord:
