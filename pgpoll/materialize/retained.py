@@ -48,9 +48,18 @@ class Registration:
     def __init__(self, materializer: Any) -> None:
         self.fs = materializer.fs
         floor = read_floor(self.fs)
+        self.before = destinations.find(self.fs, destinations.destination_key(
+            materializer.dest.root, state_format(materializer), materializer.opts.catalog))
         self.started = destinations.start_run(self.fs, materializer.dest.root, state_format(materializer),
                                               materializer.opts.catalog, floor.seq if floor is not None else 0,
                                               uuid.uuid4().hex[:12])
+
+    def abandon(self) -> None:
+        """The run stopped before building anything: the registration as it was (none for a new destination)."""
+        if self.before is None:
+            destinations.unregister(self.fs, self.started.key)
+        else:
+            destinations.write(self.fs, self.before)
 
     def end(self, states: Sequence[TableState], high_water: Lsn | None) -> None:
         """Record the built tables' positions: each applied every record up to the run's high-water mark."""
@@ -76,6 +85,16 @@ def effective_position(marker: dict[str, Any] | None, snap: TableSnapshot | None
     if snap is not None and (marker.get("snapshot_id") != snap.snapshot_id or marker.get("snapshot_rechecks_pending")):
         return None
     return Lsn.parse(str(marker["position"]))
+
+
+def rebuild_if_behind(history: History, name: str, marker: dict[str, Any] | None, rebuilt: set[str]
+                      ) -> dict[str, Any] | None:
+    """``marker``, or None when the state is behind batches retention removed (the run then rebuilds the table on
+    the snapshot :func:`retention_refusal` found to hold them, and adds ``name`` to ``rebuilt``)."""
+    if marker is None or history.lacks(name, Lsn.parse(str(marker["position"]))) is None:
+        return marker
+    rebuilt.add(name)
+    return None
 
 
 def retention_refusal(materializer: Any, history: History, name: str, parsed: tuple[str, str]) -> ConfigError | None:

@@ -43,7 +43,7 @@ from pgpoll.materialize.change_summary import replay_key as _replay_key
 from pgpoll.materialize.dest_lease import DestLease
 from pgpoll.materialize.driver.run import driver_state, in_driver, requested_engine
 from pgpoll.materialize.parquet_state import ParquetState
-from pgpoll.materialize.retained import Registration, retention_refusal
+from pgpoll.materialize.retained import Registration, rebuild_if_behind, retention_refusal
 from pgpoll.materialize.run_types import REFUSED, refused_error
 from pgpoll.materialize.run_types import MaterializeOptions as MaterializeOptions  # (imported from here too)
 from pgpoll.materialize.run_types import TableState as TableState
@@ -198,16 +198,17 @@ class Materializer(ParquetState):
         if not has_log and not snapshotted:
             raise SinkError(f"{self.opts.output} holds no pgpoll output (no commit log)",
                             "run pgpoll ingest --typed-tables --output PATH first, or check the path")
+        registration = Registration(self)  # before the log is read (pgpoll.materialize.retained)
+        # the commit log's state, not its records: each table reads only the records after its position
+        history = History(CommitLog(self.fs) if has_log else None)
+        self.high_water = history.high_water_mark
+        self.gap = history.newest_gap()  # the newest gap `pgpoll resync` marked
+        names = sorted(history.table_dirs() | snapshotted)
+        if not names:
+            registration.abandon()
+            raise SinkError(f"{self.opts.output} has no typed tables",
+                            "ingest with --typed-tables (changes written before that are in changes/ only)")
         with DestLease(self.dest, run=uuid.uuid4().hex[:12]):  # one materialize per DEST (exit 3 at once)
-            registration = Registration(self)  # before the log is read (pgpoll.materialize.retained)
-            # the commit log's state, not its records: each table reads only the records after its position
-            history = History(CommitLog(self.fs) if has_log else None)
-            self.high_water = history.high_water_mark
-            self.gap = history.newest_gap()  # the newest gap `pgpoll resync` marked
-            names = sorted(history.table_dirs() | snapshotted)
-            if not names:
-                raise SinkError(f"{self.opts.output} has no typed tables",
-                                "ingest with --typed-tables (changes written before that are in changes/ only)")
             states = self._run_tables(history, names)
         registration.end(states, history.high_water_mark)
         return states
@@ -261,9 +262,7 @@ class Materializer(ParquetState):
             # table from the snapshot and the change log
             marker = None
             self.rebuilt.add(name)
-        if marker is not None and history.lacks(name, Lsn.parse(marker["position"])):
-            marker = None  # behind batches retention removed: rebuilt on the snapshot holding them (retained.py)
-            self.rebuilt.add(name)
+        marker = rebuild_if_behind(history, name, marker, self.rebuilt)  # on the snapshot holding what retain removed
         snapshot_info = snapshot_json(snap, self.high_water)
         position = Lsn.parse(marker["position"]) if marker else None
         since = position
