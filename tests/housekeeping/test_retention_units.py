@@ -72,6 +72,7 @@ def test_a_killed_run_is_finished_by_the_next_and_start_up_stays_bounded(tmp_pat
     fs = RecordingFs(LocalOutputFs(str(tmp_path)))
     state = CommitLog(fs).state()
     assert state.head == 120 and not state.listed and state.checkpoint is not None and state.checkpoint.seq == 120
+    assert [r.seq for r in CommitLog(fs).records_after(0)] == [120]  # pgpoll batches' read: from the floor up
     assert not [p for op, p in fs.calls if op == "list"]
     history = History(CommitLog(LocalOutputFs(str(tmp_path))))
     with pytest.raises(ConfigError, match="pgpoll retain removed batches"):

@@ -244,8 +244,11 @@ class CommitLog:
     def records_after(self, after: int, state: LogState | None = None) -> list[CommitRecord]:
         """Records ``after``+1 .. ``state``'s head, in order, read by name: one read a record, whatever the history.
 
-        An output with version-1 records, or a record missing in that range
-        (removed by hand), is read the long way (:meth:`records`).
+        Records ``pgpoll retain`` removed (at or below the retention floor,
+        :mod:`pgpoll.sink.commit.floor`) are left out: the rest is read by name
+        from the floor up. An output with version-1 records, or a record
+        missing in that range (removed by hand), is read the long way
+        (:meth:`records`).
         """
         state = state or self.state()
         tail = {r.seq: r for r in state.tail}
@@ -253,7 +256,9 @@ class CommitLog:
             try:
                 return [tail.get(seq) or self.read(seq) for seq in range(max(after, 0) + 1, state.head + 1)]
             except SinkError:
-                pass
+                floor = read_floor(self.fs)  # only now: a read that found a record gone
+                if floor is not None and floor.seq > after:
+                    return self.records_after(floor.seq, state)
         return [r for r in self.records() if after < r.seq <= state.head]
 
     def partitions(self, state: LogState) -> list[tuple[str, list[str]]]:
