@@ -189,7 +189,8 @@ def _destination_hold(log: CommitLog, dest: destinations.Destination, start: int
             why = f"destination {dest.name} has applied the batches only up to {position} (updated {dest.updated_at})"
     if limit is None:
         return None
-    fix = f"; fix: materialize it, or `pgpoll retain --unregister {dest.dest}` if it is no longer used"
+    fix = (f"; fix: materialize it, or, if it is no longer used or no longer builds some of its tables, "
+           f"`pgpoll retain --unregister {dest.dest}` (its next run registers the tables it builds)")
     return Hold(max(limit, start), f"retention stops at commit-log record {max(limit, start)}: {why}{fix}", warn=True)
 
 
