@@ -115,7 +115,7 @@ def test_retention_keeps_what_destinations_and_snapshots_need_and_states_stay_eq
     floor = read_floor(open_output(cap.output))
     assert floor is not None and floor.done and floor.seq == done["floor"] and done["batches"] > 0
     b_position = next(d for d in registered(open_output(cap.output)) if d.dest == str(dest_b)).position()
-    assert floor.end_lsn <= b_position < CommitLog(open_output(cap.output)).read(floor.seq + 1).end_lsn
+    assert b_position is not None and floor.end_lsn <= b_position < CommitLog(open_output(cap.output)).read(floor.seq + 1).end_lsn
     assert str(dest_b) in err and "--unregister" in err
     gone = list(done["partitions"])
     assert gone and not any((out / "changes" / p).exists() for p in gone)
