@@ -18,6 +18,7 @@ from pgpoll.housekeeping.retention import run_retain
 from pgpoll.housekeeping.retention_plan import SnapshotNeed, plan_retention
 from pgpoll.lsn import Lsn
 from pgpoll.sink import destinations, layout
+from pgpoll.sink.commit.batches import BatchSink
 from pgpoll.sink.commit.floor import read_floor
 from pgpoll.sink.commit.history import History
 from pgpoll.sink.commit.log import CommitLog, CommitRecord
@@ -60,10 +61,16 @@ def test_a_killed_run_is_finished_by_the_next_and_start_up_stays_bounded(tmp_pat
     floor = read_floor(LocalOutputFs(str(tmp_path)))
     assert floor is not None and floor.seq == 119 and not floor.done  # written before anything was deleted
     assert _commits(tmp_path)[0] == 1  # the records go last: none yet
+    last = layout.partition_name(119 * STEP, 119 * STEP + 0x10)
+    (tmp_path / layout.COMMITS / "seq-0000000000000119.json").unlink()  # as if a second run raced the first
+    (tmp_path / layout.META / "newest-checkpoint.json").unlink()  # recovery's full pass runs at the next start
+    BatchSink(None, str(tmp_path)).recover(full=True)
+    assert not (tmp_path / layout.CHANGES / last).exists() and not (tmp_path / layout.UNRECORDED).exists()  # below
+    # the floor, a partition without its record is retention's: deleted, not set aside as unrecorded
 
     out = run_retain(str(tmp_path), EVERYTHING, now=_now())
 
-    assert out["finished"] == 119 and out["batches"] == 0
+    assert out["finished"] == 118 and out["batches"] == 0
     floor = read_floor(LocalOutputFs(str(tmp_path)))
     assert floor is not None and floor.done and floor.tables["public.t"][:2] == [119, str(Lsn(119 * STEP + 0x10))]
     assert _commits(tmp_path) == [120]
