@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pgpoll.errors import ConfigError
-from pgpoll.sink import destinations
+from pgpoll.sink import destinations, layout
 from pgpoll.sink.commit.floor import RetentionFloor, read_floor
 from pgpoll.sink.commit.log import CommitLog, CommitRecord
 from pgpoll.sink.commit.records import parse_timestamp
@@ -164,9 +164,11 @@ def plan_retention(fs: OutputFs, retention: timedelta, now: datetime) -> Retenti
             plan.records.append(record)
         plan.floor, plan.end = seq, record.end
     for table in sorted(unsnapshotted):
-        plan.warnings.append(f"{table} has no complete snapshot: once its batches up to {plan.end} are removed, a new "
+        parsed = layout.parse_table_dir_name(table)
+        name = f"{parsed[0]}.{parsed[1]}" if parsed is not None else table
+        plan.warnings.append(f"{name} has no complete snapshot: once its batches up to {plan.end} are removed, a new "
                              f"destination or materialize --full cannot rebuild it (they refuse it, exit 2); fix: "
-                             f"pgpoll snapshot --tables for it")
+                             f"pgpoll snapshot --tables {name}")
     stop = plan.stopped_by
     if stop is not None and stop.warn:
         plan.warnings.append(stop.what)
