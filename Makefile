@@ -14,7 +14,7 @@ help:
 	@echo "make test   - set up .venv and run the whole test suite"
 	@echo "make bench  - run the benchmarks and print their figures"
 	@echo "make docs   - regenerate the reference pages from the code and build the documentation site into site/"
-	@echo "make dist   - build dist/: the wheel, pgpoll.zip for spark-submit --py-files, ingest.py, materialize.py, snapshot.py, log4j2.properties"
+	@echo "make dist   - build dist/: the wheel, pgpoll.zip for spark-submit --py-files, ingest.py, materialize.py, snapshot.py, housekeeping.py, log4j2.properties"
 	@echo "make airflow-venv - Apache Airflow 3, its Spark provider and pgpoll (no dependencies) in .venv-airflow, for the DAG test"
 	@echo "make clean  - remove .venv and build leftovers"
 
@@ -104,19 +104,20 @@ vendor-uplot:
 # What a Spark cluster needs: the wheel (pip install it where pgpoll should be installed), the same
 # wheel as dist/pgpoll.zip (spark-submit --py-files puts only .zip/.egg/.jar files on the executors'
 # sys.path; a pure-Python wheel is a zip with the package at its root) and the entry scripts, ingest.py
-# materialize.py and snapshot.py. The same zip carries format("pgpoll") for an application's own Spark code
+# materialize.py, snapshot.py and housekeeping.py. The same zip carries format("pgpoll") for an application's own Spark code
 # (pgpoll.spark.register(spark), and pyspark_pgpoll.py at its root for Spark's lookup of Python data sources).
 DIST ?= dist
 dist: $(VENV)/.installed
 	@mkdir -p $(DIST)
-	rm -rf build $(DIST)/pgpoll-*.whl $(DIST)/pgpoll.zip $(DIST)/ingest.py $(DIST)/materialize.py $(DIST)/snapshot.py $(DIST)/log4j2.properties  # a stale build/ puts deleted modules in the wheel
+	rm -rf build $(DIST)/pgpoll-*.whl $(DIST)/pgpoll.zip $(DIST)/ingest.py $(DIST)/materialize.py $(DIST)/snapshot.py $(DIST)/housekeeping.py $(DIST)/log4j2.properties  # a stale build/ puts deleted modules in the wheel
 	$(PY) -m pip wheel -q --no-deps --wheel-dir $(DIST) .
 	cp $(DIST)/pgpoll-*-py3-none-any.whl $(DIST)/pgpoll.zip
 	cp jobs/ingest.py $(DIST)/ingest.py
 	cp jobs/materialize.py $(DIST)/materialize.py
 	cp jobs/snapshot.py $(DIST)/snapshot.py
+	cp jobs/housekeeping.py $(DIST)/housekeeping.py
 	cp pgpoll/spark/log4j2.properties $(DIST)/log4j2.properties
-	@echo "built $(DIST)/: $$(cd $(DIST) && ls pgpoll-*.whl) pgpoll.zip ingest.py materialize.py snapshot.py log4j2.properties"
+	@echo "built $(DIST)/: $$(cd $(DIST) && ls pgpoll-*.whl) pgpoll.zip ingest.py materialize.py snapshot.py housekeeping.py log4j2.properties"
 
 # Airflow pins many packages, so it gets its own virtualenv. Airflow's constraint files are on GitHub;
 # where that is reachable, pass one: make airflow-venv AIRFLOW_CONSTRAINTS=https://.../constraints-3.11.txt

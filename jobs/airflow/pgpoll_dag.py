@@ -7,8 +7,10 @@ the operators come from :mod:`pgpoll.airflow.operators`, which imports only
 Airflow and the standard library. The tasks' machine needs ``spark-submit``
 and a Python with pgpoll's dependencies for the Spark driver.
 
-DAGs: ``pgpoll_ingest`` (tasks ``ingest >> materialize``, on a schedule) and
-``pgpoll_snapshot`` (task ``snapshot``, triggered by hand only). Configured
+DAGs: ``pgpoll_ingest`` (tasks ``ingest >> materialize``, on a schedule),
+``pgpoll_snapshot`` (task ``snapshot``, triggered by hand only) and
+``pgpoll_housekeeping`` (task ``housekeeping``: compaction and retention, daily
+by default: Variable ``pgpoll_housekeeping_schedule``). Configured
 by the Variables ``pgpoll_schedule`` (a cron expression, read when the DAG is
 parsed; default ``*/15 * * * *``) and ``pgpoll_ingest`` (JSON: the jobs'
 options, read when the tasks run) and the Connections ``pgpoll_source`` (the
@@ -26,6 +28,7 @@ from pgpoll.airflow.operators import (
     CONFIG,
     RETRIES,
     SOURCE_ENV,
+    PgpollHousekeepingOperator,
     PgpollIngestOperator,
     PgpollMaterializeOperator,
     PgpollSnapshotOperator,
@@ -88,4 +91,23 @@ with DAG(
         tables="{{ params.tables }}",
         application_args=["--slot", "{{ %s.slot }}" % CONFIG, "--output", "{{ %s.output }}" % CONFIG, "--json"],
         env_vars=dict(SOURCE_ENV),
+    ))
+
+with DAG(
+    dag_id="pgpoll_housekeeping",
+    description="Compact the output's small batch files and remove batches older than the retention (pgpoll retain)",
+    schedule=Variable.get("pgpoll_housekeeping_schedule", default="@daily"),
+    start_date=datetime(2024, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    default_args=dict(RETRIES),
+    tags=["pgpoll", "cdc"],
+) as housekeeping_dag:
+    # compaction (when this pgpoll has `pgpoll compact`), then retention; the states' maintenance runs in materialize
+    PgpollHousekeepingOperator(**spark_task_args(
+        task_id="housekeeping",
+        name="pgpoll-housekeeping",
+        application="{{ %s.application }}" % CONFIG,
+        housekeeping="{{ %s.get('housekeeping') | tojson }}" % CONFIG,
+        application_args=["--output", "{{ %s.output }}" % CONFIG],
     ))

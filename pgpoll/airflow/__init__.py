@@ -11,8 +11,11 @@ driver that has pgpoll's dependencies (``PYSPARK_PYTHON``; pgpoll itself can
 come from ``py_files``, see ``make dist``, which also builds ``ingest.py``,
 ``materialize.py`` and ``snapshot.py``).
 
-DAGs: ``pgpoll_ingest`` (tasks ``ingest >> materialize``, on a schedule) and
-``pgpoll_snapshot`` (task ``snapshot``, triggered by hand only).
+DAGs: ``pgpoll_ingest`` (tasks ``ingest >> materialize``, on a schedule),
+``pgpoll_snapshot`` (task ``snapshot``, triggered by hand only) and
+``pgpoll_housekeeping`` (task ``housekeeping``, daily by default: ``pgpoll compact``
+where the installed pgpoll has it, then ``pgpoll retain``: ``housekeeping.py``,
+which ``make dist`` puts beside ``ingest.py``).
 
 Configuration
 -------------
@@ -42,6 +45,16 @@ Variable ``pgpoll_ingest`` (JSON, read when the tasks run)
     positive integer: concurrent chunk tasks) to pgpoll's default; any other
     key fails the task. ``py_files``, ``slot``, ``output`` and ``publication``
     are shared by all the jobs.
+Variable ``pgpoll_housekeeping_schedule``
+    When ``pgpoll_housekeeping`` runs (default ``@daily``).
+``housekeeping`` in Variable ``pgpoll_ingest`` (optional)
+    ``{"retention": "7d", "application": "/opt/pgpoll/housekeeping.py"}``:
+    ``retention`` is passed as ``pgpoll retain --retention`` (absent: the
+    job's ``PGPOLL_RETENTION``, else off, and nothing is removed);
+    ``application`` defaults to ``housekeeping.py`` beside ``application``.
+    Exit 3 (another retain run holds the output) skips the task; 2 and 5 fail
+    it without retry. The job's summary line (``status``, ``exit_code``,
+    ``steps``) is the XCom ``return_value``.
 Connection ``pgpoll_source`` (Postgres)
     The source database; passed to the ingest and snapshot jobs as
     ``PGPOLL_DSN`` in the environment, never on the command line. Materialize

@@ -40,6 +40,11 @@ SNAPSHOT_NOT_RETRIED = {
     2: "usage or configuration error (a table pattern that matches nothing, a table outside the publication...)",
     5: "the output cannot be used or the storage failed",
 }
+HOUSEKEEPING_NOT_RETRIED = {
+    2: "usage or configuration error (a bad retention, or an output with a format-1 commit log)",
+    5: "the output cannot be used or the storage failed",
+}
+HOUSEKEEPING_KEYS = {"application", "retention"}
 MATERIALIZE_KEYS = {"application", "to", "format", "catalog"}
 MATERIALIZE_FORMATS = ("parquet", "delta", "iceberg")
 SNAPSHOT_KEYS = {"application", "parallelism"}
@@ -366,6 +371,44 @@ class PgpollSnapshotOperator(_SummarizedSparkSubmit):
         self._submit(context)
         if self.summary is None:
             self.log.warning("pgpoll snapshot succeeded but printed no summary line")
+        return self.summary
+
+
+class PgpollHousekeepingOperator(_SummarizedSparkSubmit):
+    """``spark-submit`` of pgpoll's housekeeping job (compact, then retain): summary to XCom, exit 3 skipped,
+    exits 2 and 5 not retried.
+
+    ``housekeeping`` (templated) renders to the JSON of the Variable's
+    ``housekeeping`` object or ``null``: ``retention`` (``7d``...; absent:
+    the job's ``PGPOLL_RETENTION``, else off) and ``application``
+    (default: ``housekeeping.py`` beside the ingest job's application).
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "housekeeping")
+    what = "pgpoll housekeeping"
+    busy = "another retain (or compact) run holds the output"
+    not_retried = HOUSEKEEPING_NOT_RETRIED
+
+    def __init__(self, *, housekeeping: str = "null", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.housekeeping = housekeeping
+
+    def _parse(self, line: str) -> dict[str, Any] | None:
+        return parse_snapshot_summary(line)
+
+    def execute(self, context: Any) -> dict[str, Any] | None:
+        config = _section(self.housekeeping, "housekeeping", HOUSEKEEPING_KEYS) or {}
+        folder, slash, ingest_app = str(self.application or "").rpartition("/")
+        application = config.get("application", f"{folder}{slash}housekeeping.py" if ingest_app else None)
+        retention = config.get("retention")
+        if not isinstance(application, str) or not application:
+            raise AirflowFailException("Variable pgpoll_ingest: housekeeping.application (the path of "
+                                       "housekeeping.py) is required when there is no ingest application")
+        if retention is not None and (not isinstance(retention, str) or not retention):
+            raise AirflowFailException(f"Variable pgpoll_ingest: housekeeping.retention must be like 7d, not {retention!r}")
+        self.application = application
+        self.application_args = _with_options(self.application_args or [], {"--retention": retention})
+        self._submit(context)
         return self.summary
 
 

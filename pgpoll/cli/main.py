@@ -53,6 +53,7 @@ def _register() -> None:
         publication_commands,
         report_command,
         resync_command,
+        retain_command,
         slot_commands,
         snapshot_command,
         status_command,
@@ -69,6 +70,7 @@ def _register() -> None:
     cli.add_command(snapshot_command.command)
     cli.add_command(report_command.command)
     cli.add_command(resync_command.command)
+    cli.add_command(retain_command.command)
     _add_verbose(cli)
 
 

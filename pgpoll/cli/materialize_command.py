@@ -51,7 +51,9 @@ def summary_json(status: str, exit_code: int, states: list[TableState], seconds:
               help="Only these tables (shell patterns over schema.table).")
 @click.option("--exclude-tables", multiple=True, callback=csv_values, metavar="PATTERN,...", help="Leave out these tables.")
 @click.option("--to", "dest", default=None, metavar="DEST", help="Where the state goes (default OUTPUT/state).")
-@click.option("--full", is_flag=True, default=False, help="Rebuild from every batch instead of the previous state.")
+@click.option("--full", is_flag=True, default=False,
+              help="Rebuild from every batch instead of the previous state (a table whose early batches pgpoll retain "
+                   "removed: on its snapshot, or refused with exit 2 when it has none that holds them).")
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="parquet", show_default=True,
               help="parquet: a directory of Parquet files per table; delta: a Delta Lake table per table; "
                    "iceberg: an Iceberg table per table, in a catalog (--catalog).")

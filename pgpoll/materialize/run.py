@@ -43,6 +43,7 @@ from pgpoll.materialize.change_summary import replay_key as _replay_key
 from pgpoll.materialize.dest_lease import DestLease
 from pgpoll.materialize.driver.run import driver_state, in_driver, requested_engine
 from pgpoll.materialize.parquet_state import ParquetState
+from pgpoll.materialize.retained import Registration, rebuild_if_behind, retention_refusal
 from pgpoll.materialize.run_types import REFUSED, refused_error
 from pgpoll.materialize.run_types import MaterializeOptions as MaterializeOptions  # (imported from here too)
 from pgpoll.materialize.run_types import TableState as TableState
@@ -197,23 +198,28 @@ class Materializer(ParquetState):
         if not has_log and not snapshotted:
             raise SinkError(f"{self.opts.output} holds no pgpoll output (no commit log)",
                             "run pgpoll ingest --typed-tables --output PATH first, or check the path")
+        registration = Registration(self)  # before the log is read (pgpoll.materialize.retained)
         # the commit log's state, not its records: each table reads only the records after its position
         history = History(CommitLog(self.fs) if has_log else None)
         self.high_water = history.high_water_mark
         self.gap = history.newest_gap()  # the newest gap `pgpoll resync` marked
         names = sorted(history.table_dirs() | snapshotted)
         if not names:
+            registration.abandon()
             raise SinkError(f"{self.opts.output} has no typed tables",
                             "ingest with --typed-tables (changes written before that are in changes/ only)")
         with DestLease(self.dest, run=uuid.uuid4().hex[:12]):  # one materialize per DEST (exit 3 at once)
-            return self._run_tables(history, names)
+            states = self._run_tables(history, names)
+        registration.end(states, history.high_water_mark)
+        return states
 
     def _run_tables(self, history: History, names: list[str]) -> list[TableState]:
         for name, is_dir, _ in self.dest.list(self.dest.path("")):
             if is_dir and SCRATCH in name and stale_scratch(self.dest, name):
                 self.dest.delete(self.dest.path(name))
         selected = [(n, p) for n in names if (p := layout.parse_table_dir_name(n)) is not None and self.filter.accepts(*p)]
-        refused = {n: e for n, p in selected if (e := self._gap_refusal(n, p, history)) is not None}
+        refused = {n: e for n, p in selected
+                   if (e := retention_refusal(self, history, n, p) or self._gap_refusal(n, p, history)) is not None}
         try:  # a few tables at once, results and errors as one by one (pgpoll.materialize.table_pool)
             built = iter(run_in_order([functools.partial(self._one_table, n, p, history)
                                        for n, p in selected if n not in refused]))
@@ -256,6 +262,7 @@ class Materializer(ParquetState):
             # table from the snapshot and the change log
             marker = None
             self.rebuilt.add(name)
+        marker = rebuild_if_behind(history, name, marker, self.rebuilt)  # on the snapshot holding what retain removed
         snapshot_info = snapshot_json(snap, self.high_water)
         position = Lsn.parse(marker["position"]) if marker else None
         since = position

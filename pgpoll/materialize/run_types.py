@@ -13,7 +13,8 @@ from typing import Any
 from pgpoll.errors import ConfigError
 
 REFUSED = "refused"
-"""A table's ``mode`` when it was not built (across a gap without a snapshot after it): the run exits 2 at its end."""
+"""A table's ``mode`` when it was not built (across a gap without a snapshot after it, or behind batches ``pgpoll
+retain`` removed without a snapshot holding them): the run exits 2 at its end."""
 
 
 def refused_error(states: list[TableState]) -> ConfigError | None:
@@ -22,8 +23,10 @@ def refused_error(states: list[TableState]) -> ConfigError | None:
     if not refused:
         return None
     built = len(states) - len(refused)
+    retained = all("pgpoll retain removed" in w for s in refused for w in s.warnings)  # (pgpoll.materialize.retained)
     return ConfigError(
-        f"{len(refused)} table(s) refused across the gap ({', '.join(s.table for s in refused)}); "
+        f"{len(refused)} table(s) refused {'for batches retention removed' if retained else 'across the gap'} "
+        f"({', '.join(s.table for s in refused)}); "
         f"{built} other table(s) built. " + " ".join(w for s in refused for w in s.warnings),
         "the fix of each refused table follows its reason (`pgpoll resync`, or `pgpoll snapshot --tables`)",
     )

@@ -98,7 +98,13 @@ def test_the_dag_folder_loads_with_no_import_errors_and_the_schedule_from_the_va
         materialize = dag.get_task("materialize")
         snapshot_dag = bag.get_dag("pgpoll_snapshot")
         snapshot = snapshot_dag.get_task("snapshot")
+        housekeeping_dag = bag.get_dag("pgpoll_housekeeping")
         print(json.dumps({{
+            "housekeeping": {{
+                "schedule": str(housekeeping_dag.schedule),
+                "tasks": sorted(housekeeping_dag.task_ids),
+                "operator": type(housekeeping_dag.get_task("housekeeping")).__name__,
+            }},
             "import_errors": {{str(k): str(v) for k, v in bag.import_errors.items()}},
             "dags": sorted(bag.dag_ids),
             "schedule": str(dag.schedule),
@@ -131,7 +137,10 @@ def test_the_dag_folder_loads_with_no_import_errors_and_the_schedule_from_the_va
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["import_errors"] == {}
-    assert seen["dags"] == ["pgpoll_ingest", "pgpoll_snapshot"] and seen["tasks"] == ["ingest", "materialize"]
+    assert seen["dags"] == ["pgpoll_housekeeping", "pgpoll_ingest", "pgpoll_snapshot"]
+    assert seen["tasks"] == ["ingest", "materialize"]
+    assert seen["housekeeping"] == {"schedule": "@daily", "tasks": ["housekeeping"],
+                                    "operator": "PgpollHousekeepingOperator"}  # compact, then retain (daily)
     assert seen["schedule"] == "7,37 * * * *"  # from the Variable pgpoll_schedule
     assert seen["catchup"] is False and seen["max_active_runs"] == 1
     assert seen["retries"] == 4 and seen["exponential"] is True

@@ -28,6 +28,13 @@ the same position share the reads. A full rebuild (no position) reads the
 table's whole history, as it must. Outputs with version-1 records (named by
 LSN, not number) and logs with a record removed by hand are read the long
 way, as before.
+
+Records at or below the retention floor (:mod:`pgpoll.sink.commit.floor`)
+were removed by ``pgpoll retain``: nothing here reads below it, and a table
+whose position is behind removed records that named it is refused
+(:meth:`History.lacks`; exit 2) unless the caller has found a snapshot that
+holds them all (:meth:`History.accept`): a state built without them would
+silently miss changes.
 """
 
 from __future__ import annotations
@@ -35,9 +42,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from pgpoll.errors import SinkError
+from pgpoll.errors import ConfigError, SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.sink.commit.checkpoints import LogState
+from pgpoll.sink.commit.floor import RetentionFloor, read_floor
 from pgpoll.sink.commit.log import CommitLog
 from pgpoll.sink.commit.records import CommitRecord
 
@@ -53,6 +61,25 @@ class History:
         self.state = log.state() if log is not None else LogState(head=0, checkpoint=None, tail=())
         self._index = self.state.table_index()
         self._everything: list[CommitRecord] | None = None
+        self.floor: RetentionFloor | None = read_floor(log.fs) if log is not None else None
+        self._accepted: set[str] = set()
+
+    @property
+    def floor_seq(self) -> int:
+        """Records at or below this number may have been removed by ``pgpoll retain`` (0: none)."""
+        return self.floor.seq if self.floor is not None else 0
+
+    def lacks(self, table: str, position: Lsn | None) -> tuple[int, Lsn, int | None] | None:
+        """``(seq, end, xid_max)`` of the removed records naming ``table`` past ``position`` (None: a state from
+        the start); None when ``pgpoll retain`` removed none that the table at ``position`` still needs."""
+        gone = self.floor.removed(table) if self.floor is not None else None
+        if gone is None or (position is not None and gone[1] <= position):
+            return None
+        return gone
+
+    def accept(self, table: str) -> None:
+        """The caller builds ``table`` on a snapshot that holds every removed change of it: read what is left."""
+        self._accepted.add(table)
 
     @property
     def high_water_mark(self) -> Lsn | None:
@@ -76,6 +103,12 @@ class History:
         found = self._index.get(table)
         if found is None or self.log is None:
             return []
+        gone = self.lacks(table, position)
+        if gone is not None and table not in self._accepted:
+            raise ConfigError(f"{table}: pgpoll retain removed batches of it up to commit-log record {gone[0]} "
+                              f"(ending at {gone[1]}), after the position {position or 'of a new state'}",
+                              "snapshot the table (pgpoll snapshot --tables) and materialize again")
+        floor = self.floor_seq
         last_seq, last_end = found
         if position is not None and Lsn.parse(last_end) <= position:
             return []  # nothing after the state's position names the table: no read
@@ -84,17 +117,17 @@ class History:
             try:
                 chained = walk(self.log, last_seq, lambda r: position is not None and r.end_lsn <= position,
                                lambda r: r.prev_tables.get(table) if r.prev_tables is not None else None,
-                               lambda r: table in r.tables)
+                               lambda r: table in r.tables, floor)
                 if chained is not None:
                     return chained  # only the table's own records: heartbeats and other tables' skipped
             except SinkError:
                 pass  # a record removed by hand: the search below, or the listing, decides
             try:
-                first = 1 if position is None else self._first_after(position, last_seq)
-                records = self.log.records_after(first - 1, replace(self.state, head=last_seq))
+                first = floor + 1 if position is None else self._first_after(position, last_seq, floor)
+                records = self.log.records_after(max(first - 1, floor), replace(self.state, head=last_seq))
             except SinkError:
                 records = self._all()
-        return [r for r in records if table in r.tables and (position is None or r.end_lsn > position)]
+        return [r for r in records if table in r.tables and r.seq > floor and (position is None or r.end_lsn > position)]
 
     def _all(self) -> list[CommitRecord]:
         if self._everything is None:
@@ -106,9 +139,9 @@ class History:
         assert self.log is not None
         return self.log.read(seq).end_lsn
 
-    def _first_after(self, position: Lsn, last: int) -> int:
-        """The smallest ``seq`` whose ``end`` is past ``position``, knowing record ``last``'s is."""
-        good, bad, step = last, 0, 1
+    def _first_after(self, position: Lsn, last: int, floor: int = 0) -> int:
+        """The smallest ``seq`` above ``floor`` whose ``end`` is past ``position``, knowing record ``last``'s is."""
+        good, bad, step = last, floor, 1
         while good - step > bad:  # gallop back from ``last``: the states are usually a few records behind
             probe = good - step
             if self._end(probe) > position:
@@ -126,13 +159,15 @@ class History:
 
 
 def walk(log: CommitLog, start: int, done: Callable[[CommitRecord], bool],
-         link: Callable[[CommitRecord], int | None], member: Callable[[CommitRecord], bool]) -> list[CommitRecord] | None:
+         link: Callable[[CommitRecord], int | None], member: Callable[[CommitRecord], bool],
+         floor: int = 0) -> list[CommitRecord] | None:
     """The records of a chain (``prev_rows`` or ``prev_tables``) from ``start`` back to the first ``done`` one
-    (excluded), oldest first; None when the chain breaks: a record that is not a ``member`` (an index entry
-    that is only an upper bound) or that predates the chains (written before 0.3)."""
+    (excluded) or to the retention ``floor`` (records at or below it are gone), oldest first; None when the chain
+    breaks: a record that is not a ``member`` (an index entry that is only an upper bound) or that predates the
+    chains (written before 0.3)."""
     out: list[CommitRecord] = []
     seq = start
-    while seq > 0:
+    while seq > floor:
         record = log.read(seq)
         if done(record):
             break

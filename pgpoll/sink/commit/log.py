@@ -26,6 +26,12 @@ be wrong falls back to listing, which stays the reference:
 * stale (a newer checkpoint exists): correct anyway — any checkpoint at or
   below the head plus the records after it is the whole log — just a longer
   tail, until the next checkpoint rewrites it;
+* the checkpoint's own record N is gone: list. ``pgpoll retain`` removes
+  records only below a checkpoint it writes at the head first
+  (:mod:`pgpoll.sink.commit.floor`), so the newest checkpoint's record is
+  never one it removed; a pointer left at an older checkpoint whose record it
+  removed is stale, and trusting it would take the first removed record
+  after it for the head: the listing finds the newest checkpoint instead;
 * the first absent record N+k is followed by N+k+1 (a record removed by hand,
   not a race: the probe re-checks N+k first): list, so the head is the
   largest ``seq`` as before;
@@ -55,6 +61,7 @@ from pgpoll.errors import SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
 from pgpoll.sink.commit.checkpoints import CHECKPOINT_EVERY, KEEP_CHECKPOINTS, POINTER, Checkpoint, LogState
+from pgpoll.sink.commit.floor import read_floor
 from pgpoll.sink.commit.records import GAP_VERSION, VERSION, CommitRecord, parse_timestamp, record_name, utc_now
 from pgpoll.sink.stores.filesystem import OutputFs, open_output
 
@@ -237,8 +244,11 @@ class CommitLog:
     def records_after(self, after: int, state: LogState | None = None) -> list[CommitRecord]:
         """Records ``after``+1 .. ``state``'s head, in order, read by name: one read a record, whatever the history.
 
-        An output with version-1 records, or a record missing in that range
-        (removed by hand), is read the long way (:meth:`records`).
+        Records ``pgpoll retain`` removed (at or below the retention floor,
+        :mod:`pgpoll.sink.commit.floor`) are left out: the rest is read by name
+        from the floor up. An output with version-1 records, or a record
+        missing in that range (removed by hand), is read the long way
+        (:meth:`records`).
         """
         state = state or self.state()
         tail = {r.seq: r for r in state.tail}
@@ -246,7 +256,9 @@ class CommitLog:
             try:
                 return [tail.get(seq) or self.read(seq) for seq in range(max(after, 0) + 1, state.head + 1)]
             except SinkError:
-                pass
+                floor = read_floor(self.fs)  # only now: a read that found a record gone
+                if floor is not None and floor.seq > after:
+                    return self.records_after(floor.seq, state)
         return [r for r in self.records() if after < r.seq <= state.head]
 
     def partitions(self, state: LogState) -> list[tuple[str, list[str]]]:
@@ -265,7 +277,8 @@ class CommitLog:
             return []
         if cp.partitions is not None:
             return [(str(p[0]), list(p[1])) for p in cp.partitions]
-        folded = self.records_after(0, replace(state, head=cp.seq, tail=()))
+        floor = read_floor(self.fs)  # records below it were removed by pgpoll retain, with their partitions
+        folded = self.records_after(floor.seq if floor is not None else 0, replace(state, head=cp.seq, tail=()))
         return [(r.partition, list(r.tables)) for r in folded if r.partition]
 
     def high_water_mark(self) -> Lsn | None:

@@ -32,7 +32,10 @@ what the commit log decides, never on timing:
    outside the compare-and-set. A partition whose range ends above the
    high-water mark is deleted: the slot was never advanced past it, so the
    next batches write those changes again, and leaving it would show them
-   twice. One at or below the high-water mark cannot come from a crash; its
+   twice. So is one at or below the retention floor (:mod:`pgpoll.sink.commit.floor`):
+   ``pgpoll retain`` removes such partitions on purpose, before their
+   records, and a pass that raced it (or followed a run it killed) finishes
+   the job. Any other one at or below the high-water mark cannot come from a crash; its
    changes may be recorded nowhere else, so it is not deleted but set aside
    under ``_pgpoll/unrecorded/`` (out of plain readers' sight, kept for the
    operator) and reported. The partitions are listed *before* the commit log
@@ -70,6 +73,7 @@ from typing import Any
 from pgpoll.errors import SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
+from pgpoll.sink.commit.floor import read_floor
 from pgpoll.sink.commit.log import CHECKPOINT_EVERY, CommitLog, CommitRecord, LogState
 from pgpoll.sink.stores.output_fs import OutputFs
 from pgpoll.sink.stores.uploads import MANIFEST_SUFFIX, manifest_path, remove_uploads
@@ -278,13 +282,14 @@ def _partitions(fs: OutputFs, commit_log: CommitLog, state: LogState,
         recorded_changes.add(partition)
         recorded_tables.update((t, partition) for t in tables)
     hwm = state.high_water_mark
+    floor = read_floor(fs)  # partitions at or below it are pgpoll retain's, removed on purpose (their records too)
     removed: list[str] = []
     set_aside: list[str] = []
     for table, rel, end in found:
         name = rel.rsplit("/", 1)[1]
         if (name in recorded_changes) if not table else ((table, name) in recorded_tables):
             continue
-        if hwm is None or end > hwm:
+        if hwm is None or end > hwm or (floor is not None and end <= floor.end_lsn):
             fs.delete(fs.path(rel))
             removed.append(name if not table else rel)
         else:

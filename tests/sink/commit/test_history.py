@@ -76,7 +76,7 @@ def test_the_publisher_chains_each_table_and_the_rows_so_that_heartbeats_and_oth
     fs = RecordingFs(LocalOutputFs(str(tmp_path)))
     history = History(CommitLog(fs))
     state_reads = len(_reads(fs))
-    assert history.state.tail == () and state_reads == 2  # the pointer and checkpoint 10
+    assert history.state.tail == () and state_reads == 3  # the pointer, checkpoint 10 and the retention floor (none)
     assert [r.seq for r in history.after(records[0].end_lsn, "public.a")] == [6, 9]
     assert [r.seq for r in history.after(None, "public.b")] == [3, 7]
     # the records read: 9 and 6 and 1 (where the walk stops) for public.a; 7, 3 for public.b: no heartbeat
