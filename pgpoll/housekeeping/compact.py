@@ -278,8 +278,8 @@ class Compaction:
         tables: dict[str, dict[str, int]] = {}
         rows = 0
         for table, target in targets.items():
-            sources = [p for u in group.units for p in unit_files(self.fs, u, table)]
-            written, size = write_merged(self.fs, sources, target, table)
+            inputs = [p for u in group.units for p in unit_files(self.fs, u, table)]
+            written, size = write_merged(self.fs, inputs, target, table)
             if table is None:
                 files, rows = {name: size}, written
             else:

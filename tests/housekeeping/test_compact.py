@@ -10,9 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from click.testing import CliRunner
 
 from pgpoll.cli.main import cli

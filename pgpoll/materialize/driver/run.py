@@ -166,7 +166,7 @@ def driver_state(m: DriverHost, name: str, parsed: tuple[str, str], files: Seque
     qualified = f"{parsed[0]}.{parsed[1]}"
     events = read_parquet_files([path for path, _size in files], m.fs)
     if events is not None and name in m.read_after:  # a merge of pgpoll compact also holds changes the state has
-        events = events.filter(pc.greater(events.column("_commit_lsn"), m.read_after[name]))
+        events = events.filter(pc.greater(events.column("_commit_lsn"), pa.scalar(m.read_after[name], pa.int64())))
     summary = summarize_table(events) if events is not None else ChangeSummary()
     if len(identity_segments(summary, m.store)) > 1:
         log.info("%s: the replica identity changed: computed with Spark", qualified)

@@ -176,10 +176,7 @@ class CompactionMap:
                 continue
             merge = self.covering(r.seq)
             if merge is None:
-                if table is None:
-                    files = dict(r.file_sizes) or {n: -1 for n in r.files}
-                else:
-                    files = dict(r.table_files.get(table, {}))
+                files = (dict(r.file_sizes) or {n: -1 for n in r.files}) if table is None else dict(r.table_files.get(table, {}))
                 staged = f"{layout.STAGING}/{r.staging}" if r.staging else None
                 if staged is not None and table is not None:
                     staged = f"{layout.STAGING}/{r.staging}{layout.TABLES_SUFFIX}/{table}"
