@@ -145,6 +145,8 @@ class Compaction:
             if made is not None:
                 record, sid, group_count = made
                 crash_if("compact-after-write")
+                lease.renew()  # still this run's (a stalled run whose lease another took over stops here)
+                self._check_written(record)
                 if not self.compactions.create(record):
                     self._discard(sid)
                     raise FenceLostError(f"another compaction created compaction record {record.seq} first; this "
@@ -204,6 +206,18 @@ class Compaction:
                            f"compaction record {record.seq}")
             self._discard(sid, keep_files=True)
         self.changes.apply_compaction(record)
+
+    def _check_written(self, record: CompactionRecord) -> None:
+        """Every merged file the record will name is where it was written (a run that took the lease over from a
+        stalled one deletes its staging: then this run must not create a record naming files that are gone)."""
+        for merge in record.made_merges():
+            sid = merge.staging or ""
+            for table, files in [(None, merge.files), *sorted(merge.tables.items())]:
+                directory = _final(self.fs, merge.partition, table) if merge.in_place else _staging(self.fs, sid, table)
+                for name in files:
+                    if not self.fs.exists(f"{directory}/{name}"):
+                        raise FenceLostError(f"{directory}/{name} this run wrote is gone: another compaction took the "
+                                             "output over", "only one pgpoll compact per output at a time: rerun later")
 
     def _discard(self, sid: str, keep_files: bool = False) -> None:
         """Delete a compaction's staging (and, unless ``keep_files``, the keys its manifest lists), plan last."""

@@ -127,3 +127,68 @@ def open_output_path(path: str) -> Any:
     from pgpoll.sink.stores.filesystem import open_output
 
     return open_output(path)
+
+
+def staged(output: str) -> list[str]:
+    staging = Path(output) / "_pgpoll" / "compactions-staging"
+    return sorted(p.name for p in staging.iterdir()) if staging.exists() else []
+
+
+def test_a_killed_compaction_leaves_nothing_a_reader_sees_and_the_next_run_undoes_or_finishes_it(
+    db: Any, tmp_path: Path, spark: Any
+) -> None:
+    capture = make_capture(db, "pgoutput", tmp_path / "out")
+    out = capture.output
+    workload(capture, 1)
+    before, typed_before, parts = changes(out), typed_rows(spark, out), partitions(out)
+
+    assert compact_process(out, "compact-after-write") == 137  # merged files staged, no record
+    assert staged(out) and partitions(out) == parts and CompactionLog(open_output_path(out)).head() == 0
+    assert changes(out) == before == delta_changes(out) and typed_rows(spark, out) == typed_before
+    code, summary, text = compact(out, "--grace", "0", "--target-size", "1KB")  # nothing left to merge at 1KB...
+    assert code == 0 and summary is not None and summary["finished"], text  # ...but the dead run's staging is gone
+    assert staged(out) == [] and partitions(out) == parts
+
+    assert compact_process(out, "compact-after-record") == 137  # record created, files still staged
+    assert CompactionLog(open_output_path(out)).head() == 2 - (summary["compaction"] == 0)
+    assert staged(out) and partitions(out) == parts  # sources kept: the Delta log does not have the merge yet
+    assert changes(out) == before == delta_changes(out)
+    assert typed_rows(spark, out) == typed_before  # the merge's typed files read from its staging
+    code, summary, text = compact(out, "--grace", "0")  # finishes the record: moves, Delta version, sources
+    assert code == 0, text
+    assert staged(out) == [] and len(partitions(out)) < len(parts)
+    assert changes(out) == before == delta_changes(out) and typed_rows(spark, out) == typed_before
+    materialize(out, tmp_path / "state")
+    assert state_rows(tmp_path / "state") == source(capture)
+
+
+def test_two_compactions_planned_on_one_record_are_fenced(db: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    from pgpoll.errors import SlotBusyError
+    from pgpoll.housekeeping.compact import CompactOptions, Compaction
+
+    monkeypatch.setenv("PGPOLL_TEST_NO_LOCK", "1")  # the fence alone
+    capture = make_capture(db, "pgoutput", tmp_path / "out")
+    out = capture.output
+    workload(capture, 1)
+    before = changes(out)
+    opts = CompactOptions(out, min_age=0, grace=0)
+
+    class Overtaken(Compaction):
+        """Plans and writes, then another compaction runs whole before this one creates its record."""
+
+        def _plan_and_write(self, *args: Any) -> Any:
+            made = super()._plan_and_write(*args)
+            assert Compaction(opts).compact().compaction == 1
+            return made
+
+    loser = Overtaken(opts)
+    try:
+        loser.compact()
+        raise AssertionError("the second compaction of record 1 won too")
+    except SlotBusyError as exc:
+        assert "compaction record 1" in exc.message
+    assert CompactionLog(open_output_path(out)).head() == 1 and staged(out) == []  # the loser's files removed
+    assert changes(out) == before == delta_changes(out)
+    code, _summary, text = compact(out, "--grace", "0")
+    assert code == 0, text
+    assert changes(out) == before
