@@ -164,7 +164,7 @@ def test_a_killed_compaction_leaves_nothing_a_reader_sees_and_the_next_run_undoe
 
 def test_two_compactions_planned_on_one_record_are_fenced(db: Any, tmp_path: Path, monkeypatch: Any) -> None:
     from pgpoll.errors import SlotBusyError
-    from pgpoll.housekeeping.compact import CompactOptions, Compaction
+    from pgpoll.housekeeping.compact import Compaction, CompactOptions
 
     monkeypatch.setenv("PGPOLL_TEST_NO_LOCK", "1")  # the fence alone
     capture = make_capture(db, "pgoutput", tmp_path / "out")
