@@ -14,13 +14,17 @@ finishes or undoes it):
    the merge and ``grace`` seconds have passed (a reader that listed them
    first still finds them meanwhile);
 4. plan groups (:mod:`pgpoll.housekeeping.compact_plan`), write each merged
-   file under ``_pgpoll/compactions-staging/<id>/`` (on an object store: to
-   its final key, listed first in ``<id>.files.json``);
+   file at its final place (``changes/lsn_range=<first>-<last>/``,
+   ``tables/<dir>/lsn_range=.../``), every key listed first in the upload
+   manifest ``_pgpoll/compactions-staging/<id>.files.json``: nothing is moved
+   after the record, so a reader that resolves a merge always finds its
+   files, and recovery's full pass takes a partition a manifest names for a
+   planned compaction's, never for a loser's;
 5. create compaction record K+1 only if it does not exist — the fence: of
-   two compactions planned on record K one wins, the other removes its files
-   and exits 3 — then move the files into ``changes/lsn_range=.../`` and
-   ``tables/<dir>/lsn_range=.../``, and add one Delta version (removes and adds,
-   ``dataChange`` false); with ``grace`` 0, delete the sources at once.
+   two compactions planned on record K one wins, the other deletes its files
+   and exits 3 — then drop the manifest and add one Delta version (removes
+   and adds, ``dataChange`` false); with ``grace`` 0, delete the sources at
+   once.
 
 Nothing here takes a commit-log number: ``ingest`` publishing beside it
 never loses a batch to it, and a merge covers only records older than the
@@ -46,7 +50,7 @@ from pgpoll.sink.change_table import ChangeTable
 from pgpoll.sink.commit.compactions import CompactionLog, CompactionRecord, Merge
 from pgpoll.sink.commit.lease import Lease
 from pgpoll.sink.commit.log import CommitLog
-from pgpoll.sink.commit.recovery import move_files, recover
+from pgpoll.sink.commit.recovery import recover
 from pgpoll.sink.stores.filesystem import check_writable, open_output
 from pgpoll.sink.stores.output_fs import OutputFs
 
@@ -93,12 +97,6 @@ class CompactResult:
                 "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
                 "deleted_partitions": self.deleted_partitions, "finished": self.finished,
                 "seconds": round(self.seconds, 3)}
-
-
-def _staging(fs: OutputFs, sid: str, table: str | None = None) -> str:
-    if table is None:
-        return fs.path(layout.COMPACTION_STAGING, sid)
-    return fs.path(layout.COMPACTION_STAGING, sid + layout.TABLES_SUFFIX, table)
 
 
 def _final(fs: OutputFs, partition: str, table: str | None = None) -> str:
@@ -193,27 +191,18 @@ class Compaction:
             return None
 
     def _finish_record(self, record: CompactionRecord) -> None:
-        """Move ``record``'s merged files into place (idempotent), drop its staging, add its Delta version."""
+        """Drop ``record``'s upload manifests (its files are its own now) and add its Delta version (idempotent)."""
         for merge in record.made_merges():
-            sid = merge.staging
-            if sid is None:
-                continue
-            if not merge.in_place:
-                for table, files in sorted(merge.tables.items()):
-                    move_files(self.fs, _staging(self.fs, sid, table), _final(self.fs, merge.partition, table),
-                               files, f"compaction record {record.seq} ({table})")
-                move_files(self.fs, _staging(self.fs, sid), _final(self.fs, merge.partition), merge.files,
-                           f"compaction record {record.seq}")
-            self._discard(sid, keep_files=True)
+            if merge.staging is not None:
+                self._discard(merge.staging, keep_files=True)
         self.changes.apply_compaction(record)
 
     def _check_written(self, record: CompactionRecord) -> None:
         """Every merged file the record will name is where it was written (a run that took the lease over from a
         stalled one deletes its staging: then this run must not create a record naming files that are gone)."""
         for merge in record.made_merges():
-            sid = merge.staging or ""
             for table, files in [(None, merge.files), *sorted(merge.tables.items())]:
-                directory = _final(self.fs, merge.partition, table) if merge.in_place else _staging(self.fs, sid, table)
+                directory = _final(self.fs, merge.partition, table)
                 for name in files:
                     if not self.fs.exists(f"{directory}/{name}"):
                         raise FenceLostError(f"{directory}/{name} this run wrote is gone: another compaction took the "
@@ -226,9 +215,10 @@ class Compaction:
         if found is not None and not keep_files:
             for path in json.loads(found[0]):
                 self.fs.delete(path)
+                directory = path.rsplit("/", 1)[0]
+                if not self.fs.direct_writes and self.fs.exists(directory) and not self.fs.list(directory):
+                    self.fs.delete(directory)  # the merged partition's directory, empty now (a local output)
         self.fs.delete(manifest)
-        self.fs.delete(_staging(self.fs, sid))
-        self.fs.delete(self.fs.path(layout.COMPACTION_STAGING, sid + layout.TABLES_SUFFIX))
         self.fs.delete(self.fs.path(layout.COMPACTION_STAGING, sid + _PLAN))
 
     def _sweep(self, newest: CompactionRecord | None, grace: float) -> None:
@@ -276,18 +266,14 @@ class Compaction:
         return record, sid, len(planned)
 
     def _write_group(self, group: Group, sid: str, seq: int) -> Merge:
-        """Write one group's merged files (staged, or uploaded under the manifest) and return its merge."""
-        direct = self.fs.direct_writes
+        """Write one group's merged files at their final place, listed first in the upload manifest, and return its
+        merge."""
         name = f"part-00000-{sid}-c000.snappy.parquet"
-        targets: dict[str | None, str] = {}
-        for table in [None, *group.tables]:
-            directory = _final(self.fs, group.partition, table) if direct else _staging(self.fs, sid, table)
-            targets[table] = f"{directory}/{name}"
-        if direct:  # the keys first, so a dead run's uploads are found and deleted
-            manifest = self.fs.path(layout.COMPACTION_STAGING, sid + _MANIFEST)
-            found = self.fs.read_tagged(manifest)
-            listed = json.loads(found[0]) if found is not None else []
-            self.fs.write_text(manifest, json.dumps(listed + list(targets.values())))
+        targets = {table: f"{_final(self.fs, group.partition, table)}/{name}" for table in [None, *group.tables]}
+        manifest = self.fs.path(layout.COMPACTION_STAGING, sid + _MANIFEST)  # the keys first: found if this run dies
+        found = self.fs.read_tagged(manifest)
+        listed = json.loads(found[0]) if found is not None else []
+        self.fs.write_text(manifest, json.dumps(listed + list(targets.values())))
         files: dict[str, int] = {}
         tables: dict[str, dict[str, int]] = {}
         rows = 0
@@ -308,7 +294,7 @@ class Compaction:
             if unit.merge is not None and unit.merge.partition not in self._swept:
                 sources += [list(s) for s in unit.merge.sources]  # not deleted yet: the new merge carries them
         return Merge(first=group.first, last=group.last, partition=group.partition, files=files, tables=tables,
-                     rows=rows, by=seq, made_at=datetime.now(UTC).isoformat(), staging=sid, in_place=direct,
+                     rows=rows, by=seq, made_at=datetime.now(UTC).isoformat(), staging=sid, in_place=True,
                      sources=sources)
 
 

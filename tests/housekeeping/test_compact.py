@@ -142,19 +142,24 @@ def test_a_killed_compaction_leaves_nothing_a_reader_sees_and_the_next_run_undoe
     workload(capture, 1)
     before, typed_before, parts = changes(out), typed_rows(spark, out), partitions(out)
 
-    assert compact_process(out, "compact-after-write") == 137  # merged files staged, no record
-    assert staged(out) and partitions(out) == parts and CompactionLog(open_output_path(out)).head() == 0
+    assert compact_process(out, "compact-after-write") == 137  # merged files written in place, no record
+    merged = [p for p in partitions(out) if p not in parts]
+    assert len(merged) == 1 and staged(out) and CompactionLog(open_output_path(out)).head() == 0
     assert changes(out) == before == delta_changes(out) and typed_rows(spark, out) == typed_before
+    report = BatchSink(None, out).recover(full=True)  # a planned compaction's partition, not a loser's
+    assert report.unrecorded == () and report.removed_partitions == () and merged[0] in partitions(out)
     code, summary, text = compact(out, "--grace", "0", "--target-size", "1KB")  # nothing left to merge at 1KB...
-    assert code == 0 and summary is not None and summary["finished"], text  # ...but the dead run's staging is gone
+    assert code == 0 and summary is not None and summary["finished"], text  # ...but the dead run's files are gone
     assert staged(out) == [] and partitions(out) == parts
+    assert not list((Path(out) / "tables").glob(f"*/{merged[0]}"))
 
-    assert compact_process(out, "compact-after-record") == 137  # record created, files still staged
-    assert CompactionLog(open_output_path(out)).head() == 2 - (summary["compaction"] == 0)
-    assert staged(out) and partitions(out) == parts  # sources kept: the Delta log does not have the merge yet
+    assert compact_process(out, "compact-after-record") == 137  # record created, Delta version not added
+    assert CompactionLog(open_output_path(out)).head() == 1 and staged(out)
+    assert set(parts) < set(partitions(out))  # sources kept: the Delta log does not have the merge yet
     assert changes(out) == before == delta_changes(out)
-    assert typed_rows(spark, out) == typed_before  # the merge's typed files read from its staging
-    code, summary, text = compact(out, "--grace", "0")  # finishes the record: moves, Delta version, sources
+    assert typed_rows(spark, out) == typed_before  # through the compaction map: the merge's typed files
+    assert BatchSink(None, out).recover(full=True).unrecorded == ()
+    code, summary, text = compact(out, "--grace", "0")  # finishes the record: manifest, Delta version, sources
     assert code == 0, text
     assert staged(out) == [] and len(partitions(out)) < len(parts)
     assert changes(out) == before == delta_changes(out) and typed_rows(spark, out) == typed_before

@@ -4,8 +4,13 @@ Under ``PATH/_pgpoll/``::
 
     compactions/seq-<16 digits>.json          compaction record K (1, 2, 3, ...)
     compactions-staging/<id>.plan.json         a compaction being written, planned on record K-1
-    compactions-staging/<id>/, <id>-tables/    its merged files before its record exists (local, HDFS)
-    compactions-staging/<id>.files.json        object stores: every key it uploaded (the upload manifest)
+    compactions-staging/<id>.files.json        every file it writes, listed before it is written (the manifest)
+
+A merge's files are written at their final place before its record exists
+(on every store: nothing is moved after the record, so a reader resolving a
+merge always finds them); the manifest names them until the record does, so
+recovery's full pass takes them for a planned compaction's, never a loser's
+(:func:`planned_partitions`), and a dead compaction's are deleted by the next.
 
 **Why a log of its own.** Compaction rewrites what batches already
 committed; it never decides what is committed. Its records are numbered and
@@ -136,8 +141,8 @@ class Piece:
     files: dict[str, int]
     merge: Merge | None = None
     staging: str | None = None
-    """Where the files were written before their record existed (``_pgpoll/staging/<id>`` of a batch,
-    ``_pgpoll/compactions-staging/<id>`` of a merge): a reader looks there when they are not in place yet."""
+    """Where a batch's files were written before its record existed (``_pgpoll/staging/<id>``): a reader looks
+    there when they are not in place yet (a merge's are written in place)."""
 
 
 class CompactionMap:
@@ -184,12 +189,7 @@ class CompactionMap:
             elif merge.partition not in seen:
                 seen.add(merge.partition)
                 files = merge.files if table is None else merge.tables.get(table, {})
-                staged = None
-                if merge.staging and not merge.in_place:
-                    staged = f"{layout.COMPACTION_STAGING}/{merge.staging}"
-                    if table is not None:
-                        staged = f"{layout.COMPACTION_STAGING}/{merge.staging}{layout.TABLES_SUFFIX}/{table}"
-                out.append(Piece(merge.partition, dict(files), merge, staged))
+                out.append(Piece(merge.partition, dict(files), merge))  # written in place before its record
         return out
 
     def covers_more(self, records: Sequence[CommitRecord]) -> bool:
@@ -256,3 +256,19 @@ def typed_files(fs: OutputFs, table: str, records: Sequence[CommitRecord], compa
             out += [(f"{directory}/{n}", size) for n, is_dir, size in fs.list(directory)
                     if not is_dir and n.startswith("part-")]
     return out
+
+
+def planned_partitions(fs: OutputFs) -> list[tuple[str, list[str]]]:
+    """``(partition, typed tables)`` of every file a compaction's upload manifest names (written, no record yet)."""
+    found: dict[str, set[str]] = {}
+    for name, is_dir, _size in fs.list(fs.path(layout.COMPACTION_STAGING)):
+        if is_dir or not name.endswith(".files.json"):
+            continue
+        text = fs.read_tagged(fs.path(layout.COMPACTION_STAGING, name))
+        for path in json.loads(text[0]) if text is not None else []:
+            parts = str(path).rstrip("/").split("/")
+            if len(parts) >= 3 and parts[-3] == layout.CHANGES:  # (a typed table's directory always has a dot)
+                found.setdefault(parts[-2], set())
+            elif len(parts) >= 4 and parts[-4] == layout.TABLES:
+                found.setdefault(parts[-2], set()).add(parts[-3])
+    return [(p, sorted(t)) for p, t in sorted(found.items())]
