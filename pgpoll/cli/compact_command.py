@@ -9,13 +9,13 @@ import click
 
 from pgpoll.cli.options import ByteSize
 from pgpoll.cli.output import echo_json
-from pgpoll.housekeeping.compact import GRACE, MIN_AGE, TARGET_SIZE, CompactOptions, compact
+from pgpoll.housekeeping.compact import GRACE, MIN_AGE, CompactOptions, compact
 
 
 @click.command("compact")
 @click.option("--output", required=True, help="The output path pgpoll ingest writes (a local path, file: URI or "
               "object store: s3://, gs://, az://).")
-@click.option("--target-size", type=ByteSize(), default=TARGET_SIZE, show_default="128MB",
+@click.option("--target-size", type=ByteSize(), default="128MB", show_default=True,
               help="Merge consecutive batches into files of about this size (the change log's bytes; typed tables' "
                    "files follow the same batches). A batch already this large is left alone.")
 @click.option("--min-age", type=click.FloatRange(min=0), default=MIN_AGE, show_default=True, metavar="SECONDS",
