@@ -64,12 +64,12 @@ from click.testing import CliRunner
 from deltalake import DeltaTable
 
 from pgpoll.cli.main import cli
+from pgpoll.housekeeping.compact import Compaction, CompactOptions
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
 from pgpoll.sink.change_table import ChangeTable
-from pgpoll.sink.envelope import ENVELOPE_SCHEMA
-from pgpoll.housekeeping.compact import CompactOptions, Compaction
 from pgpoll.sink.commit.log import CHECKPOINT_EVERY, CommitLog, CommitRecord, LogState, record_name, summarize
+from pgpoll.sink.envelope import ENVELOPE_SCHEMA
 from pgpoll.sink.stores.local import LocalOutputFs
 from pgpoll.typed.mapping import PgType
 from pgpoll.typed.rows import ColumnLedger, TypedLayout

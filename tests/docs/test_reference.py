@@ -74,9 +74,9 @@ def test_every_pgpoll_variable_the_code_reads_is_documented() -> None:
 def test_every_summary_and_record_key_is_documented() -> None:
     from pgpoll.housekeeping.compact import CompactResult
     from pgpoll.ingest.run import RunSummary
-    from pgpoll.sink.commit.compactions import CompactionRecord, Merge
     from pgpoll.materialize.run import TableState
     from pgpoll.observe.run_history import RunRecord
+    from pgpoll.sink.commit.compactions import CompactionRecord, Merge
     from pgpoll.sink.commit.log import CommitRecord
     from pgpoll.snapshot.resync import ResyncSummary
     from pgpoll.snapshot.run import SnapshotSummary
