@@ -200,11 +200,12 @@ class Materializer(ParquetState):
         if not has_log and not snapshotted:
             raise SinkError(f"{self.opts.output} holds no pgpoll output (no commit log)",
                             "run pgpoll ingest --typed-tables --output PATH first, or check the path")
+        # the compaction map first: a merge then never holds a record newer than the state read next
+        self.compacted = load_map(self.fs)
         # the commit log's state, not its records: each table reads only the records after its position
         history = History(CommitLog(self.fs) if has_log else None)
         self.high_water = history.high_water_mark
         self.gap = history.newest_gap()  # the newest gap `pgpoll resync` marked
-        self.compacted = load_map(self.fs)
         names = sorted(history.table_dirs() | snapshotted)
         if not names:
             raise SinkError(f"{self.opts.output} has no typed tables",
