@@ -7,12 +7,14 @@ finishes or undoes it):
    per output at a time, exit 3 at once; ``ingest`` keeps its own lease and
    runs on), recover like any run (a dead publisher's moves finished), add
    committed batches the change table's Delta log lacks;
-2. finish the newest compaction record (its merged files moved into place,
-   its Delta version added) and delete what a dead compaction left (its
-   staging, its uploads: :mod:`pgpoll.sink.commit.compactions`);
+2. finish the newest compaction record (its manifests dropped, its Delta
+   version and any earlier one a crash left out added, in order) and delete
+   what a dead compaction wrote (the files its manifest lists; with the
+   lease held every other compaction is dead, without it only those planned
+   on an older record: :mod:`pgpoll.sink.commit.compactions`);
 3. delete the partitions earlier merges replaced, once the Delta log has
-   the merge and ``grace`` seconds have passed (a reader that listed them
-   first still finds them meanwhile);
+   the merge, its files are all there and ``grace`` seconds have passed (a
+   reader that listed them first still finds them meanwhile);
 4. plan groups (:mod:`pgpoll.housekeeping.compact_plan`), write each merged
    file at its final place (``changes/lsn_range=<first>-<last>/``,
    ``tables/<dir>/lsn_range=.../``), every key listed first in the upload
@@ -164,7 +166,7 @@ class Compaction:
     # -- the newest record and what dead runs left --------------------------------------------------------------
 
     def _finish(self, exclusive: bool) -> CompactionRecord | None:
-        """Finish the newest record (moves, Delta versions in order) and delete dead runs' staging."""
+        """Finish the newest record (its manifests, Delta versions in order) and delete what dead runs wrote."""
         head = self.compactions.head()
         newest = self.compactions.read(head) if head else None
         if newest is not None:
@@ -172,10 +174,9 @@ class Compaction:
                 self.changes.apply_compaction(self.compactions.read(seq))
             self._finish_record(newest)
         named = {m.staging for m in newest.merges} if newest is not None else set()
-        for name, _is_dir, _size in self.fs.list(self.fs.path(layout.COMPACTION_STAGING)):
-            sid = name.split(".", 1)[0].removesuffix(layout.TABLES_SUFFIX)
-            if sid in named or name.startswith("_"):
-                continue
+        listed = {name.split(".", 1)[0] for name, _d, _s in self.fs.list(self.fs.path(layout.COMPACTION_STAGING))
+                  if not name.startswith("_")}  # (temporary files of a write)
+        for sid in sorted(listed - named):
             planned_on = self._planned_on(sid)
             if planned_on is not None and planned_on >= head and not exclusive:
                 continue  # planned on the newest record, and no lease says its run is dead: it may be live
@@ -196,6 +197,16 @@ class Compaction:
             if merge.staging is not None:
                 self._discard(merge.staging, keep_files=True)
         self.changes.apply_compaction(record)
+
+    def _merged_files_present(self, merge: Merge) -> bool:
+        """Whether every file of ``merge`` is there: its sources are deleted only then (a hand edit, a bug elsewhere,
+        must never cost rows)."""
+        for table, files in [(None, merge.files), *sorted(merge.tables.items())]:
+            missing = [n for n in files if not self.fs.exists(f"{_final(self.fs, merge.partition, table)}/{n}")]
+            if missing:
+                log.error("compaction: %s lacks %s; the partitions it replaced are kept", merge.partition, missing)
+                return False
+        return True
 
     def _check_written(self, record: CompactionRecord) -> None:
         """Every merged file the record will name is where it was written (a run that took the lease over from a
@@ -229,7 +240,7 @@ class Compaction:
         now = datetime.now(UTC)
         for merge in newest.merges:
             old = (now - datetime.fromisoformat(merge.made_at)).total_seconds() >= grace
-            if merge.sources and merge.by <= applied and old:
+            if merge.sources and merge.by <= applied and old and self._merged_files_present(merge):
                 self.result.deleted_partitions += delete_sources(self.fs, merge.sources)
                 self._swept.add(merge.partition)  # the next record lists them no more
 

@@ -107,8 +107,13 @@ def _log_refs(opts: SourceOptions, table_dir: str | None) -> list[FileRef | DirR
     if table_dir is None and (fs.direct_writes or compacted):  # the change table's log and the records after it
         from pgpoll.sink.change_table import committed_files
 
-        return [FileRef((f"{layout.CHANGES}/{partition}/{name}",), partition, size)
-                for partition, name, size in committed_files(fs) if _in_range(partition, opts)]
+        found = committed_files(fs)
+        # a batch just committed on a local output may still be moving from its staging: look there too
+        moving: dict[str, str] = {} if fs.direct_writes else {
+            r.partition: f"{layout.STAGING}/{r.staging}" for r in CommitLog(fs).state().tail if r.partition and r.staging}
+        return [FileRef((f"{layout.CHANGES}/{partition}/{name}",)
+                        + ((f"{moving[partition]}/{name}",) if partition in moving else ()), partition, size)
+                for partition, name, size in found if _in_range(partition, opts)]
     commit_log = CommitLog(fs)
     state = commit_log.state()
     if compacted and table_dir is not None:
