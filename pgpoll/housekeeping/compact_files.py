@@ -76,25 +76,27 @@ def write_merged(fs: OutputFs, sources: Sequence[str], target: str, table: str |
     """Write the rows of ``sources`` (in order) into the one file ``target``; returns ``(rows, size)``."""
     arrow = fs.arrow()
     try:
-        schemas = [pq.read_schema(arrow.open_input_file(fs.arrow_path(p))) for p in sources]
-        if table is None:
+        if table is None:  # the envelope: one schema, no footer to read first
             schema = ENVELOPE_SCHEMA
             options = dict(WRITE_OPTIONS, use_dictionary=ENVELOPE_DICTIONARY, write_statistics=ENVELOPE_STATISTICS)
         else:
+            schemas = [pq.read_schema(arrow.open_input_file(fs.arrow_path(p))) for p in sources]
             schema = pa.unify_schemas(schemas[::-1], promote_options="permissive")  # the newest file's columns first
             options = dict(WRITE_OPTIONS)
-        rows = 0
+        rows = waiting = 0
         pending: list[pa.Table] = []
         directory = target.rsplit("/", 1)[0]
         arrow.create_dir(fs.arrow_path(directory), recursive=True)
         with pq.ParquetWriter(fs.arrow_path(target), schema, filesystem=arrow, **options) as writer:
             for path in sources:
-                pending.append(_conform(pq.read_table(arrow.open_input_file(fs.arrow_path(path))), schema))
-                if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
+                pending.append(_conform(pq.ParquetFile(arrow.open_input_file(fs.arrow_path(path))).read(), schema))
+                waiting += pending[-1].num_rows
+                if waiting >= ROW_GROUP_ROWS:
                     merged = pa.concat_tables(pending)
                     writer.write_table(merged, row_group_size=ROW_GROUP_ROWS)
                     rows += merged.num_rows
                     pending.clear()
+                    waiting = 0
             if pending:
                 merged = pa.concat_tables(pending)
                 writer.write_table(merged, row_group_size=ROW_GROUP_ROWS)

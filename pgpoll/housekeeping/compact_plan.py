@@ -106,18 +106,22 @@ def groups(found: Sequence[Unit | None], target: int) -> list[Group]:
     """``found`` cut into groups of about ``target`` bytes (see the module docstring)."""
     out: list[Group] = []
     current: list[Unit] = []
+    size = 0
 
     def close() -> None:
+        nonlocal size
         if len(current) >= 2:
             out.append(Group(tuple(current)))
         current.clear()
+        size = 0
 
     for unit in found:
         if unit is None or unit.bytes >= target:
             close()  # a gap, or a unit at the target: nothing merges across it
             continue
         current.append(unit)
-        if sum(u.bytes for u in current) >= target:
+        size += unit.bytes
+        if size >= target:
             close()
     close()
     return out
