@@ -37,7 +37,12 @@ The map is read by :mod:`pgpoll.reader` (through the change table's Delta log,
 which gets one version per compaction record: removes and adds with
 ``dataChange`` false, application transaction :data:`APP_ID`), the Spark
 reader, ``materialize`` and recovery's full pass (a merged partition is named
-by a record, never taken for a loser's).
+by a record, never taken for a loser's). A reader reads the map *before* the
+commit log's state: a merge only covers records committed before it, so no
+merge it sees holds a record newer than the state it reads next.
+
+Records are never pruned: finding the newest lists ``compactions/``, one
+entry per compaction run that merged anything (a daily run: 365 a year).
 """
 
 from __future__ import annotations
