@@ -30,12 +30,17 @@ filesystem (no JVM, no server; Python's start-up and imports are in none):
   (``summarize``; the rest of status asks the server about its slots);
 * **batches**: ``pgpoll batches --output OUT`` (the newest 20).
 
+With ``--compact``, a copy of each output is compacted (``pgpoll compact``: every batch but the newest merged
+into files of 128 MiB, the replaced ones deleted, the change table's Delta log checkpointed after its
+compaction version) and measured beside it; the change files are then real one-row Parquet files (compaction
+reads them), not placeholders.
+
 Beside each time, the output's metadata reads of one run: ``read_text``,
 ``read_tagged``, ``exists`` and ``list`` calls on the output's ``OutputFs``
 (commit records, checkpoints, pointer, schemas, ledgers, directory listings);
 the Parquet data files materialize reads through pyarrow are not counted.
 
-    python bench/bench_history.py [--batches 1000,10000] [--repeat 3] [--new 5]
+    python bench/bench_history.py [--batches 1000,10000] [--repeat 3] [--new 5] [--compact]
 """
 
 from __future__ import annotations
@@ -59,10 +64,12 @@ from click.testing import CliRunner
 from deltalake import DeltaTable
 
 from pgpoll.cli.main import cli
+from pgpoll.housekeeping.compact import Compaction, CompactOptions
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
 from pgpoll.sink.change_table import ChangeTable
 from pgpoll.sink.commit.log import CHECKPOINT_EVERY, CommitLog, CommitRecord, LogState, record_name, summarize
+from pgpoll.sink.envelope import ENVELOPE_SCHEMA
 from pgpoll.sink.stores.local import LocalOutputFs
 from pgpoll.typed.mapping import PgType
 from pgpoll.typed.rows import ColumnLedger, TypedLayout
@@ -84,8 +91,9 @@ COUNTED = ("read_text", "read_tagged", "exists", "list")
 class Output:
     """An output of typed batches of ``public.t``, written with the commit-log classes (see the module docstring)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, real_changes: bool = False) -> None:
         self.root = root
+        self.real_changes = real_changes
         self.log = CommitLog(LocalOutputFs(str(root)))
         ledger = ColumnLedger()
         self.typed = TypedLayout.build([T], ledger)
@@ -113,17 +121,26 @@ class Output:
         pq.write_table(pa.Table.from_pylist([row], schema=self.schema), typed / FILE)
         changes = self.root / layout.CHANGES / partition
         changes.mkdir(parents=True)
-        (changes / FILE).write_bytes(b"PAR1")  # nothing routine reads the change files
+        if self.real_changes:  # compaction reads them
+            change = {"commit_lsn": end, "lsn": end - 1, "seq": 0, "xid": 1000 + seq, "commit_ts": TS, "op": "U",
+                      "schema_name": "public", "table_name": "t", "after": [("id", str(seq % KEYS))]}
+            pq.write_table(pa.Table.from_pylist([change], schema=ENVELOPE_SCHEMA), changes / FILE)
+        else:
+            (changes / FILE).write_bytes(b"PAR1")  # nothing routine reads the change files
         return str(Lsn(start)), str(Lsn(end)), partition, (typed / FILE).stat().st_size
 
     def _record(self, seq: int, prev_rows: int, prev_table: int) -> CommitRecord:
         start, end, partition, size = self._files(seq)
         return CommitRecord(
             start=start, end=end, rows=1, files=[FILE], partition=partition, slot="bench", plugin="pgoutput",
-            tables=[TABLE], seq=seq, prev=seq - 1 or None, file_sizes={FILE: 4}, bytes=4,
+            tables=[TABLE], seq=seq, prev=seq - 1 or None, file_sizes={FILE: self._size(partition)},
+            bytes=self._size(partition),
             table_files={TABLE: {FILE: size}}, staging=f"staging-{seq}", xid_min=1000 + seq, xid_max=1000 + seq,
             prev_rows=prev_rows, prev_tables={TABLE: prev_table},
         )
+
+    def _size(self, partition: str) -> int:
+        return (self.root / layout.CHANGES / partition / FILE).stat().st_size
 
     def build(self, batches: int) -> None:
         """``batches`` batches written plainly (fast), the chains as publish sets them: every batch the previous."""
@@ -202,10 +219,12 @@ def once(fn: Callable[[], object], before: Callable[[], object] | None = None) -
         undo()
 
 
-def prepare(work: Path, size: int, new: int) -> dict[str, tuple[Callable[[], object], Callable[[], object] | None]]:
-    """Build an output of ``size`` batches, its state, ``new`` batches after it: the measurements on it."""
+def prepare(work: Path, size: int, new: int,
+            compact: bool = False) -> dict[str, tuple[Callable[[], object], Callable[[], object] | None]]:
+    """Build an output of ``size`` batches, its state, ``new`` batches after it: the measurements on it (and with
+    ``compact`` on a compacted copy of it)."""
     root = work / f"out{size}"
-    out = Output(root)
+    out = Output(root, real_changes=compact)
     started = time.perf_counter()
     out.build(size)
     start_up(LocalOutputFs(str(root)), str(root))  # the first start's full pass, once (writes the pointer)
@@ -228,13 +247,24 @@ def prepare(work: Path, size: int, new: int) -> dict[str, tuple[Callable[[], obj
         found = materialize(root)
         assert (found.get("mode"), found.get("batches")) == ("incremental", new), found
 
-    return {
+    cases: dict[str, tuple[Callable[[], object], Callable[[], object] | None]] = {
         "ingest start-up": (lambda: start_up(LocalOutputFs(str(root)), str(root)), None),
         DELTA_OPEN: (lambda: ChangeTable(LocalOutputFs(str(root))).added(), None),
         f"incremental materialize ({new} new batches)": (incremental, restore),
         "status (summarize)": (lambda: summarize(str(root)), None),
         "batches (newest 20)": (lambda: batches(root), None),
     }
+    if compact:
+        packed = work / f"out{size}-compacted"
+        shutil.copytree(root, packed)
+        started = time.perf_counter()
+        done = Compaction(CompactOptions(str(packed), min_age=0, grace=0)).compact()
+        DeltaTable(str(packed / layout.CHANGES)).create_checkpoint()
+        print(f"compacted {size:,} batches in {time.perf_counter() - started:.1f} s: {json.dumps(done.as_json())}",
+              flush=True)
+        cases["ingest start-up, compacted"] = (lambda: start_up(LocalOutputFs(str(packed)), str(packed)), None)
+        cases[DELTA_OPEN + ", compacted"] = (lambda: ChangeTable(LocalOutputFs(str(packed))).added(), None)
+    return cases
 
 
 def main() -> None:
@@ -243,13 +273,14 @@ def main() -> None:
     parser.add_argument("--batches", default="1000,10000")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--new", type=int, default=5, help="batches published after the state was built")
+    parser.add_argument("--compact", action="store_true", help="also measure a compacted copy of each output")
     args = parser.parse_args()
     sizes = [int(s) for s in args.batches.split(",")]
     work = Path(tempfile.mkdtemp(prefix="pgpoll-bench-history-"))
     runs: dict[tuple[str, int], list[float]] = {}
     calls: dict[tuple[str, int], Counter[str]] = {}
     try:
-        cases = {size: prepare(work, size, args.new) for size in sizes}
+        cases = {size: prepare(work, size, args.new, args.compact) for size in sizes}
         for _ in range(args.repeat):
             for size, measurements in cases.items():
                 for what, (fn, before) in measurements.items():
@@ -265,13 +296,13 @@ def main() -> None:
             if (what, small) in runs and (what, large) in runs:
                 a, b = statistics.median(runs[(what, small)]), statistics.median(runs[(what, large)])
                 fa, fb = min(runs[(what, small)]), min(runs[(what, large)])
-                reads = (["(delta-rs)"] * 2 if what == DELTA_OPEN
+                reads = (["(delta-rs)"] * 2 if what.startswith(DELTA_OPEN)
                          else [str(sum(calls[(what, n)].values())) for n in (small, large)])
                 print(f"| {what} | {a * 1000:.1f} ms ({fa * 1000:.1f}) | {b * 1000:.1f} ms ({fb * 1000:.1f}) | "
                       f"{b / a:.2f}x ({fb / fa:.2f}x) | {reads[0]} | {reads[1]} |")
         print("\nmetadata reads of the last run: " + "; ".join(
             f"{what} at {size:,}: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items()))
-            for (what, size), c in calls.items() if what != DELTA_OPEN))
+            for (what, size), c in calls.items() if not what.startswith(DELTA_OPEN)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

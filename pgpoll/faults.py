@@ -5,7 +5,9 @@ first peeked row), ``mid-write`` (the task has handed the first Arrow batch to
 Spark's writer), ``after-write`` (the batch is staged), ``after-commit-log``
 (published and recorded, slot not yet advanced), ``after-advance``; and for
 ``materialize --format iceberg``, ``materialize-before-commit`` (data files
-written, catalog not yet committed) and ``materialize-after-commit``. A fault in
+written, catalog not yet committed) and ``materialize-after-commit``; for
+``pgpoll compact``, ``compact-after-write`` (merged files written, no record)
+and ``compact-after-record`` (record created, files not moved). A fault in
 the task kills the Spark worker; the driver then kills itself too, so the
 whole run dies as a real crash would. Exit status 137, like SIGKILL.
 """
@@ -17,6 +19,7 @@ import sys
 
 POINTS = ("after-peek", "mid-write", "after-write", "after-commit-log", "after-advance")
 MATERIALIZE_POINTS = ("materialize-before-commit", "materialize-after-commit")
+COMPACT_POINTS = ("compact-after-write", "compact-after-record")
 TASK_POINTS = frozenset({"after-peek", "mid-write"})
 FAULT_EXIT = 137
 
@@ -24,7 +27,7 @@ FAULT_EXIT = 137
 def configured() -> str | None:
     """The fault point set in the environment (None when unset)."""
     value = os.environ.get("PGPOLL_FAULT") or None
-    return value if value in POINTS or value in MATERIALIZE_POINTS else None
+    return value if value in POINTS or value in MATERIALIZE_POINTS or value in COMPACT_POINTS else None
 
 
 def crash_if(point: str, configured_point: str | None = None) -> None:

@@ -34,6 +34,27 @@ def _files(path: str) -> tuple[Any, list[str], list[dict[str, Any]]]:
     return fs, paths, partitions
 
 
+def _moving(fs: Any) -> dict[str, str]:
+    """Partition to staging directory of the newest records: on a local output a batch committed a moment ago (or
+    by a run killed before it moved its files, until the next recovery) may still be there."""
+    from pgpoll.sink.commit.log import CommitLog
+
+    if fs.direct_writes:
+        return {}
+    return {r.partition: fs.path(layout.STAGING, r.staging) for r in CommitLog(fs).state().tail if r.partition and r.staging}
+
+
+def _open(fs: Any, arrow: Any, file: str, staged: str | None) -> pq.ParquetFile:
+    """A committed file, where it is now: its place, or still its staging (then its place again: moved between)."""
+    if staged is not None:
+        for candidate in (file, staged):
+            try:
+                return pq.ParquetFile(fs.arrow_path(candidate), filesystem=arrow)
+            except FileNotFoundError:
+                continue
+    return pq.ParquetFile(fs.arrow_path(file), filesystem=arrow)
+
+
 def gaps(path: str) -> list[dict[str, Any]]:
     """The gaps on record under ``path``, oldest first: ``{"seq", "after", "through", "replaced_through"}``, the
     changes with a ``commit_lsn`` in ``(after, through]`` are missing from the change log (every commit-log record is
@@ -60,10 +81,13 @@ def read_changes(spark: Any, path: str) -> Any:
 def read_changes_arrow(path: str) -> pa.Table:
     """Every committed change under ``path`` as one Arrow table (with ``lsn_range``), read in this process."""
     fs, paths, partitions = _files(path)
+    moving = _moving(fs)
     arrow = fs.arrow()
     batches: list[pa.RecordBatch] = []
     for file, constant in zip(paths, partitions, strict=True):
-        for batch in pq.ParquetFile(fs.arrow_path(file), filesystem=arrow).iter_batches():
+        partition = f"lsn_range={constant['lsn_range']}"
+        staged = f"{moving[partition]}/{file.rsplit('/', 1)[1]}" if partition in moving else None
+        for batch in _open(fs, arrow, file, staged).iter_batches():
             batch = batch.append_column("lsn_range", pa.array([constant["lsn_range"]] * batch.num_rows, pa.string()))
             batches.append(conform(batch, TABLE_SCHEMA))
     return pa.Table.from_batches(batches, schema=TABLE_SCHEMA)

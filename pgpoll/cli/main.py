@@ -47,6 +47,7 @@ def _register() -> None:
     from pgpoll.cli import (
         batches_command,
         check_command,
+        compact_command,
         decode_command,
         ingest_command,
         materialize_command,
@@ -71,6 +72,7 @@ def _register() -> None:
     cli.add_command(report_command.command)
     cli.add_command(resync_command.command)
     cli.add_command(retain_command.command)
+    cli.add_command(compact_command.command)
     _add_verbose(cli)
 
 

@@ -70,6 +70,7 @@ from pgpoll.materialize.visibility import SnapshotFilter
 from pgpoll.observe.lineage import observed
 from pgpoll.observe.runs import run_ended, run_started
 from pgpoll.sink import layout
+from pgpoll.sink.commit.compactions import CompactionMap, load_map, typed_files
 from pgpoll.sink.commit.history import History
 from pgpoll.sink.commit.log import CommitLog, CommitRecord
 from pgpoll.sink.snapshot_store import complete_snapshots
@@ -153,6 +154,8 @@ class Materializer(ParquetState):
         self.pins: dict[str, int] = {}  # the state record each table's run builds on (pgpoll.materialize.state_log)
         self.summaries: dict[str, ChangeSummary] = {}  # per table: what one pass over its new changes found
         self.row_bounds: dict[str, int] = {}  # per table built without a previous state: at most this many rows
+        self.compacted = CompactionMap(None)  # pgpoll compact's merges, read at the run's start
+        self.read_after: dict[str, int] = {}  # per table: only changes past this commit_lsn (a merge holds older ones)
         self.engine = requested_engine()  # small tables of a local output in the driver (pgpoll.materialize.driver.run)
 
     @property
@@ -199,6 +202,8 @@ class Materializer(ParquetState):
             raise SinkError(f"{self.opts.output} holds no pgpoll output (no commit log)",
                             "run pgpoll ingest --typed-tables --output PATH first, or check the path")
         registration = Registration(self)  # before the log is read (pgpoll.materialize.retained)
+        # the compaction map first: a merge then never holds a record newer than the state read next
+        self.compacted = load_map(self.fs)
         # the commit log's state, not its records: each table reads only the records after its position
         history = History(CommitLog(self.fs) if has_log else None)
         self.high_water = history.high_water_mark
@@ -285,8 +290,10 @@ class Materializer(ParquetState):
             rule = snapshot_filter(snap, shape, _state_columns(shape, load_ledger(self.fs, *parsed)))
             read = select_records(todo, snap, rule)
         # a record that names the table wrote its partition there (records without one have no tables)
-        partitions = [self.fs.path(layout.TABLES, name, r.partition) for r in read if r.partition is not None]
         files = self.table_files(name, read)
+        partitions = list(dict.fromkeys(f.rsplit("/", 1)[0] for f, _size in files))
+        if since is not None and self.compacted.covers_more(read):
+            self.read_after[name] = int(since)  # a merge also holds changes the state has: read past its position
         computed = None
         if snap is None and in_driver(self, name, read, marker, files):  # a small table: no Spark job
             computed = driver_state(self, name, parsed, files, marker)
@@ -320,24 +327,9 @@ class Materializer(ParquetState):
                           snapshot=snapshot_info, engine="spark" if computed.table is None else "driver")
 
     def table_files(self, name: str, records: Sequence[CommitRecord]) -> list[tuple[str, int]]:
-        """The typed files of table directory ``name`` that ``records`` committed, with their sizes.
-
-        From the records (exact on every store: a partition on an object store
-        can also hold a losing run's upload until recovery deletes it); records
-        of older versions name no files, so their partition is listed.
-        """
-        out: list[tuple[str, int]] = []
-        for r in records:
-            if r.partition is None:
-                continue
-            directory = self.fs.path(layout.TABLES, name, r.partition)
-            named = r.table_files.get(name)
-            if named:
-                out += [(f"{directory}/{f}", int(size)) for f, size in sorted(named.items())]
-            else:
-                out += [(f"{directory}/{n}", size) for n, is_dir, size in self.fs.list(directory)
-                        if not is_dir and n.startswith("part-")]
-        return out
+        """The typed files of table directory ``name`` holding ``records``' rows, with their sizes: each record's
+        own, or the merge of ``pgpoll compact`` now holding them (:func:`pgpoll.sink.commit.compactions.typed_files`)."""
+        return typed_files(self.fs, name, records, self.compacted)
 
     def read_parquet(self, fs: Any, paths: Sequence[str], files: bool = False) -> Any:
         """A Spark frame of Parquet ``paths`` (directories, or ``files``) with schemas merged; on an object store
@@ -359,6 +351,8 @@ class Materializer(ParquetState):
         if partitions:
             events = self.read_parquet(self.fs, files, files=True) if self.fs.direct_writes else self.read_parquet(
                 self.fs, partitions)
+            if name in self.read_after:
+                events = events.where(events["_commit_lsn"] > self.read_after[name])
         if events is not None and rule is not None and "_xid" not in events.columns:
             raise SinkError(f"{qualified}: the typed changes after snapshot {snap.snapshot_id} have no _xid column "
                             "(written by an older pgpoll ingest)", RESNAPSHOT_FIX)

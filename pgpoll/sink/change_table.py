@@ -42,6 +42,8 @@ import pyarrow as pa
 
 from pgpoll.errors import SinkError, first_line
 from pgpoll.sink import layout
+from pgpoll.sink.commit.compactions import APP_ID as COMPACT_APP_ID
+from pgpoll.sink.commit.compactions import CompactionRecord
 from pgpoll.sink.commit.history import walk
 from pgpoll.sink.commit.log import CommitLog, CommitRecord, LogState
 from pgpoll.sink.envelope import ENVELOPE_SCHEMA
@@ -159,6 +161,56 @@ class ChangeTable:
                 continue
         raise SinkError(f"could not add the committed batches to {self.uri} after {_ATTEMPTS} attempts",
                         "check for other writers of changes/_delta_log; the next run completes it")
+
+    def compacted(self) -> int:
+        """The newest compaction record in the Delta log (0: none; :mod:`pgpoll.sink.commit.compactions`)."""
+        table = self._load()
+        return int(table.transaction_version(COMPACT_APP_ID) or 0) if table is not None else 0
+
+    def apply_compaction(self, record: CompactionRecord) -> bool:
+        """Compaction record ``record`` as one Delta version: the files its merges replaced removed, the merged
+        files added, all with ``dataChange`` false (the table's rows are the same), under the application
+        transaction ``pgpoll:compact`` whose version is the record's number; False when it is there already.
+
+        The batches the merges cover must be in the Delta log (:meth:`sync` first) and every earlier compaction
+        record applied: a merge can replace an earlier merge's files. Checked and committed on one snapshot
+        with no retry, as :meth:`sync` does, so two processes never apply a record twice.
+        """
+        from deltalake import Schema
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
+
+        for _attempt in range(_ATTEMPTS):
+            table = self._load()
+            done = int(table.transaction_version(COMPACT_APP_ID) or 0) if table is not None else 0
+            if table is None or done >= record.seq:
+                return False
+            if done != record.seq - 1:
+                raise SinkError(f"compaction record {record.seq} cannot be added to {self.uri}: record {done + 1} "
+                                "is not in its Delta log yet", "rerun pgpoll compact: it adds them in order")
+            now = int(time.time() * 1000)
+            actions: list[Any] = [
+                RemoveAction(f"{partition}/{name}", False, now, int(size), {PARTITION_COLUMN: partition.split("=", 1)[1]})
+                for partition, files in sorted(record.removed.items()) for name, size in sorted(files.items())]
+            for merge in record.made_merges():
+                stats = json.dumps({"numRecords": merge.rows}) if len(merge.files) == 1 else "{}"
+                actions += [AddAction(f"{merge.partition}/{name}", int(size),
+                                      {PARTITION_COLUMN: merge.partition.split("=", 1)[1]}, now, False, stats)
+                            for name, size in sorted(merge.files.items())]
+            properties = CommitProperties(app_transactions=[Transaction(COMPACT_APP_ID, record.seq)], max_commit_retries=0,
+                                          custom_metadata={"pgpoll": json.dumps({"compaction": record.seq})})
+            try:
+                table.create_write_transaction(actions, "append", Schema.from_arrow(TABLE_SCHEMA),
+                                               partition_by=[PARTITION_COLUMN], commit_properties=properties)
+            except CommitFailedError:
+                self._table = None  # another process committed meanwhile: read again
+                continue
+            except Exception as exc:
+                raise SinkError(f"cannot add compaction record {record.seq} to {self.uri}: {_detail(exc)}",
+                                "check that the output is writable; the next pgpoll compact adds it") from None
+            return True
+        raise SinkError(f"could not add compaction record {record.seq} to {self.uri} after {_ATTEMPTS} attempts",
+                        "check for other writers of changes/_delta_log; the next pgpoll compact adds it")
 
     def _sized(self, record: CommitRecord) -> CommitRecord:
         """``record`` with its files' sizes (records of early versions have none: the partition is listed)."""

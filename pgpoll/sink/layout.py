@@ -9,7 +9,9 @@ log, :mod:`pgpoll.sink.commit.log`), ``staging/`` (batches being written:
 ``<id>.plan.json``, ``<id>/``, ``<id>-tables/``), ``unrecorded/`` (partitions
 no record names, set aside by recovery), ``lease.json`` (the run holding the
 output), ``rejects/`` (rows that could not be decoded), ``schemas/`` (table
-shapes by id), ``tables/`` (each typed table's column ledger), ``runs/`` and
+shapes by id), ``tables/`` (each typed table's column ledger), ``compactions/``
+and ``compactions-staging/`` (``pgpoll compact``'s fenced records and its merged
+files before their record exists, :mod:`pgpoll.sink.commit.compactions`), ``runs/`` and
 ``runs.json`` (the run history: one record file per run, and their fold,
 :mod:`pgpoll.observe.run_history`).
 
@@ -46,6 +48,9 @@ CHECKPOINTS = f"{META}/checkpoints"
 STAGING = f"{META}/staging"
 UNRECORDED = f"{META}/unrecorded"
 LEASE = f"{META}/lease.json"
+COMPACTIONS = f"{META}/compactions"
+COMPACTION_STAGING = f"{META}/compactions-staging"
+COMPACTION_LEASE = f"{META}/compact-lease.json"
 PLAN_SUFFIX = ".plan.json"
 TABLES_SUFFIX = "-tables"
 REJECTS = f"{META}/rejects"

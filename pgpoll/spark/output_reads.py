@@ -11,7 +11,10 @@ data directories:
   in between, so each file of a record newer than the checkpoint is looked
   for where it ends up (``changes/<partition>/``) and, failing that, where
   it is moved from (the record's ``staging``); partitions folded into the
-  checkpoint were moved before it was written, and are listed whole.
+  checkpoint were moved before it was written, and are listed whole. On an
+  output ``pgpoll compact`` merged, the change log is read through its Delta
+  log and a typed table through the compaction map, which says which merged
+  files hold which records' rows.
 * **a Parquet state** (``materialize``): the table's directory, which
   ``materialize`` swaps in whole with a rename; **a Delta state**: the files
   of the table's current version (``DeltaTable.file_uris()``, the log's
@@ -94,18 +97,27 @@ def _in_range(partition: str, opts: SourceOptions) -> bool:
 
 def _log_refs(opts: SourceOptions, table_dir: str | None) -> list[FileRef | DirRef]:
     """The committed files of the change log (``table_dir`` None) or of one typed table, in commit order."""
+    from pgpoll.sink.commit.compactions import load_map
     from pgpoll.sink.commit.log import CommitLog
     from pgpoll.sink.stores.filesystem import open_output
 
     assert opts.path is not None
     fs = open_output(opts.path)
-    if table_dir is None and fs.direct_writes:  # a store: the change table's log and the records after it
+    compacted = load_map(fs)  # pgpoll compact's merges (empty: never compacted)
+    if table_dir is None and (fs.direct_writes or compacted):  # the change table's log and the records after it
         from pgpoll.sink.change_table import committed_files
 
-        return [FileRef((f"{layout.CHANGES}/{partition}/{name}",), partition, size)
-                for partition, name, size in committed_files(fs) if _in_range(partition, opts)]
+        found = committed_files(fs)
+        # a batch just committed on a local output may still be moving from its staging: look there too
+        moving: dict[str, str] = {} if fs.direct_writes else {
+            r.partition: f"{layout.STAGING}/{r.staging}" for r in CommitLog(fs).state().tail if r.partition and r.staging}
+        return [FileRef((f"{layout.CHANGES}/{partition}/{name}",)
+                        + ((f"{moving[partition]}/{name}",) if partition in moving else ()), partition, size)
+                for partition, name, size in found if _in_range(partition, opts)]
     commit_log = CommitLog(fs)
     state = commit_log.state()
+    if compacted and table_dir is not None:
+        return _compacted_refs(compacted, commit_log.records_after(0, state), table_dir, opts)
     refs: list[FileRef | DirRef] = []
     folded = commit_log.folded_partitions(state)
     for partition, tables in folded:
@@ -130,6 +142,22 @@ def _log_refs(opts: SourceOptions, table_dir: str | None) -> list[FileRef | DirR
             refs.append(DirRef(final, partition))
             continue
         refs.extend(FileRef((f"{final}/{name}", f"{staged}/{name}"), partition, size) for name, size in sorted(files.items()))
+    return refs
+
+
+def _compacted_refs(compacted: Any, records: list[Any], table_dir: str, opts: SourceOptions) -> list[FileRef | DirRef]:
+    """A typed table's committed files on a compacted output: each record's own, or the merge now holding its rows
+    (:meth:`pgpoll.sink.commit.compactions.CompactionMap.resolve`; the whole history is read, as a plain read lists it)."""
+    refs: list[FileRef | DirRef] = []
+    for piece in compacted.resolve(records, table_dir):
+        if not _in_range(piece.partition, opts):
+            continue
+        final = f"{layout.TABLES}/{table_dir}/{piece.partition}"
+        if not piece.files:  # a version-1 record: its files were moved before it was written
+            refs.append(DirRef(final, piece.partition))
+            continue
+        refs.extend(FileRef((f"{final}/{name}",) + ((f"{piece.staging}/{name}",) if piece.staging else ()),
+                            piece.partition, size) for name, size in sorted(piece.files.items()))
     return refs
 
 

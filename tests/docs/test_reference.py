@@ -72,9 +72,11 @@ def test_every_pgpoll_variable_the_code_reads_is_documented() -> None:
 
 
 def test_every_summary_and_record_key_is_documented() -> None:
+    from pgpoll.housekeeping.compact import CompactResult
     from pgpoll.ingest.run import RunSummary
     from pgpoll.materialize.run import TableState
     from pgpoll.observe.run_history import RunRecord
+    from pgpoll.sink.commit.compactions import CompactionRecord, Merge
     from pgpoll.sink.commit.log import CommitRecord
     from pgpoll.snapshot.resync import ResyncSummary
     from pgpoll.snapshot.run import SnapshotSummary
@@ -88,6 +90,9 @@ def test_every_summary_and_record_key_is_documented() -> None:
         ("`pgpoll materialize --json`", TableState, set()),
         ("Commit-log record", CommitRecord, {"name"}),  # the file's name, not stored
         ("Run-history record", RunRecord, set()),
+        ("`pgpoll compact` summary", CompactResult, set()),
+        ("Compaction record", CompactionRecord, set()),
+        ("Compaction record", Merge, set()),
     ):
         keys = {f.name for f in dataclasses.fields(record)} - leave_out
         missing = sorted(k for k in keys if f"`{k}`" not in sections[heading])

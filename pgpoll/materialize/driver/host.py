@@ -34,6 +34,8 @@ class DriverHost(Protocol):
     """Per table: what one pass over its new changes found (filled in for the state's write)."""
     row_bounds: dict[str, int]
     """Per table built without a previous state: at most this many rows (filled in likewise)."""
+    read_after: dict[str, int]
+    """Per table: only changes past this ``commit_lsn`` are new (a merge of ``pgpoll compact`` holds older ones too)."""
 
     def describe(self, parsed: tuple[str, str], summary: ChangeSummary, marker: dict[str, Any] | None,
                  floor: tuple[tuple[int, int], TableSchema] | None, shape: TableSchema | None,

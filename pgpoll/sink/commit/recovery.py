@@ -40,7 +40,12 @@ what the commit log decides, never on timing:
    under ``_pgpoll/unrecorded/`` (out of plain readers' sight, kept for the
    operator) and reported. The partitions are listed *before* the commit log
    is read: a live run's partition is moved only after its record exists, so
-   it is always found recorded.
+   it is always found recorded. A partition ``pgpoll compact`` merged, and
+   the ones a merge replaced until they are deleted, are named by the newest
+   compaction record (:mod:`pgpoll.sink.commit.compactions`); one it is
+   writing is named by its upload manifest, written before the files and
+   deleted only after the record exists: the manifests are read after the
+   listing, then the map, so a merged partition listed is always found named.
 
 **Step 3 runs only while it can find something.** It lists one directory
 per batch under ``changes/`` and under each ``tables/<dir>/`` (through
@@ -74,6 +79,7 @@ from pgpoll.errors import SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
 from pgpoll.sink.commit.floor import read_floor
+from pgpoll.sink.commit.compactions import load_map, planned_partitions
 from pgpoll.sink.commit.log import CHECKPOINT_EVERY, CommitLog, CommitRecord, LogState
 from pgpoll.sink.stores.output_fs import OutputFs
 from pgpoll.sink.stores.uploads import MANIFEST_SUFFIX, manifest_path, remove_uploads
@@ -278,7 +284,10 @@ def _partitions(fs: OutputFs, commit_log: CommitLog, state: LogState,
                 found: list[tuple[str, str, Lsn]]) -> tuple[list[str], list[str]]:
     recorded_changes: set[str] = set()
     recorded_tables: set[tuple[str, str]] = set()
-    for partition, tables in commit_log.partitions(state):
+    planned = planned_partitions(fs)  # a compaction's files, written before its record: the manifests, then the map
+    compacted = load_map(fs)  # merged partitions, and the merges they replaced (deleted after a grace period)
+    sources = [(str(p), list(t)) for m in compacted.merges for p, t in m.sources]
+    for partition, tables in commit_log.partitions(state) + compacted.partitions() + sources + planned:
         recorded_changes.add(partition)
         recorded_tables.update((t, partition) for t in tables)
     hwm = state.high_water_mark
