@@ -43,7 +43,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pgpoll.errors import ConfigError, SourceError
 from pgpoll.ingest.peek_chunks import Chunk, _arrow_chunks
@@ -54,7 +54,6 @@ from pgpoll.source.slot_copies import CopyUnavailableError, free_slots, peek_cop
 
 if TYPE_CHECKING:
     from pgpoll.ingest.batch_assembler import BatchAssembler
-    from pgpoll.ingest.task import BatchSpec
     from pgpoll.source.control import ControlConnection
 
 log = logging.getLogger("pgpoll.ingest")
@@ -74,6 +73,33 @@ FIRST_SHARE = 0.8
 
 LANE_DEPTH = 2
 """Record batches (about 4 MB each) a copy's reader holds ahead; the rest waits on the server, already decoded."""
+
+
+class BatchSpec(Protocol):
+    """What this module reads of a batch's :class:`pgpoll.ingest.task.BatchSpec` (which imports this module)."""
+
+    @property
+    def dsn(self) -> str: ...
+    @property
+    def slot(self) -> str: ...
+    @property
+    def plugin(self) -> str: ...
+    @property
+    def options(self) -> tuple[str, ...]: ...
+    @property
+    def upto_lsn(self) -> int | None: ...
+    @property
+    def upto_nchanges(self) -> int | None: ...
+    @property
+    def high_water_mark(self) -> int | None: ...
+    @property
+    def fetch(self) -> str: ...
+    @property
+    def batch_number(self) -> int: ...
+    @property
+    def decode_parallelism(self) -> int: ...
+    @property
+    def splits(self) -> tuple[int, ...]: ...
 
 
 def split_points(start: int, end: int, parts: int) -> tuple[int, ...]:
