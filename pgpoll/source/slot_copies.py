@@ -63,10 +63,11 @@ from pgpoll.lsn import Lsn
 from pgpoll.source.arrow_peek import FetchUnavailableError, _peek_query, _ServerError, _with_int64_ids, set_batch_bytes
 from pgpoll.source.connection import ConnectionTarget, connect_kwargs, redact
 from pgpoll.source.names import sql_literal
+from pgpoll.source.preflight import OK, WARN, CheckItem
 from pgpoll.source.server_errors import translate
 from pgpoll.source.session import pin_settings_sql
 
-__all__ = ["COPY_PREFIX", "CopyUnavailableError", "copies_in_use", "copy_name", "free_slots", "peek_copy"]
+__all__ = ["COPY_PREFIX", "CopyUnavailableError", "copies_in_use", "copy_check", "copy_name", "free_slots", "peek_copy"]
 
 COPY_PREFIX = "pgpoll_copy_"
 """Every temporary copy's name starts so (``pg_replication_slots`` shows them while a batch runs)."""
@@ -79,6 +80,43 @@ def free_slots(conn: Any) -> int:
     with conn.cursor() as cur:
         cur.execute(_FREE_SLOTS)
         return int(cur.fetchone()[0])
+
+
+def copy_check(conn: Any, slot: str | None, parallelism: int) -> CheckItem:
+    """``pgpoll check``'s line on the copies ingest will make: how many per large batch, and why fewer.
+
+    Each copy takes a ``max_replication_slots`` entry while its batch is
+    decoded; ingest uses only free ones and reads with the slot alone when
+    there are none, on a failover slot, or where the role may not copy.
+    """
+    wanted = max(0, parallelism - 1)
+    with conn.cursor() as cur:
+        cur.execute("SELECT current_setting('max_replication_slots')::int, count(*)::int, "
+                    "has_function_privilege('pg_copy_logical_replication_slot(name, name, boolean)', 'EXECUTE') "
+                    "AND (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user) "
+                    "FROM pg_replication_slots")
+        limit, used, may_copy = cur.fetchone()
+        failover = False
+        if slot is not None and conn.server_version >= 170000:
+            cur.execute("SELECT failover FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            row = cur.fetchone()
+            failover = bool(row and row[0])
+    free = limit - used
+    if wanted == 0:
+        return CheckItem("decode copies", OK, "none (--decode-parallelism 1: the slot decodes alone)")
+    if failover:
+        return CheckItem("decode copies", OK, "none: a failover slot decodes alone (a copy does not wait for "
+                         "synchronized_standby_slots)")
+    if not may_copy:
+        return CheckItem("decode copies", WARN, "none: this role may not copy slots (the slot decodes alone)",
+                         "GRANT EXECUTE ON FUNCTION pg_copy_logical_replication_slot(name, name, boolean) and give the "
+                         "role REPLICATION, or pass --decode-parallelism 1")
+    uses = min(wanted, free)
+    value = f"{uses} per batch over 32 MiB of WAL ({free} of max_replication_slots = {limit} free)"
+    if uses < wanted:
+        return CheckItem("decode copies", WARN, value, f"raise max_replication_slots by {wanted - uses} (a restart) "
+                         f"for --decode-parallelism {parallelism}, or lower it")
+    return CheckItem("decode copies", OK, value)
 
 
 def copy_name(slot: str) -> str:

