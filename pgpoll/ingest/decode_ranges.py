@@ -38,6 +38,7 @@ reads the whole batch again, as it always did.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -169,11 +170,15 @@ class _Lane:
         self.items: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=LANE_DEPTH)
         self.stop = threading.Event()
         self.reference: int | None = None
+        self._cancel: Callable[[], None] | None = None
         self.thread = threading.Thread(target=self._run, args=(spec, start, upto), name="pgpoll-copy-peek", daemon=True)
         self.thread.start()
 
     def _set_reference(self, value: int) -> None:
         self.reference = value
+
+    def _set_cancel(self, cancel: Callable[[], None]) -> None:
+        self._cancel = cancel
 
     def _put(self, entry: tuple[str, Any]) -> bool:
         while not self.stop.is_set():
@@ -189,6 +194,7 @@ class _Lane:
             ConnectionTarget(spec.dsn, "task"), spec.slot, spec.plugin, start=Lsn(start),
             upto_lsn=Lsn(upto) if upto is not None else None, options=list(spec.options),
             application_name=f"pgpoll ingest {spec.slot} copy", on_xid_reference=self._set_reference,
+            on_cancel=self._set_cancel,
         )
         try:
             for chunk in _arrow_chunks(batches):
@@ -211,8 +217,12 @@ class _Lane:
                 return
 
     def close(self) -> None:
+        """Stop the part: a statement still running on the server is cancelled (an error there drops the copy)."""
         self.stop.set()
-        self.thread.join(timeout=60)
+        if self.thread.is_alive() and self._cancel is not None:
+            with contextlib.suppress(Exception):
+                self._cancel()
+        self.thread.join(timeout=30)
 
 
 def _joined(asm: BatchAssembler, split: int) -> None:

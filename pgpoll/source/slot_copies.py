@@ -141,6 +141,7 @@ def peek_copy(
     options: list[str],
     application_name: str,
     on_xid_reference: Callable[[int], None],
+    on_cancel: Callable[[Callable[[], None]], None] | None = None,
 ) -> Generator[pa.RecordBatch, None, None]:
     """The changes of ``slot`` that commit from ``start`` (up to ``upto_lsn``), read through a temporary copy.
 
@@ -149,7 +150,9 @@ def peek_copy(
     (the copy is gone with the transaction), a translated error after it.
     ``on_xid_reference`` gets a full transaction id read in the copy's
     transaction before its peek (:func:`pgpoll.source.slots.peek_rows`; the
-    nearest full id is taken, so one read just before serves).
+    nearest full id is taken, so one read just before serves). ``on_cancel``
+    gets a function another thread may call to cancel the copy's statement in
+    flight (the server then raises, and drops the session's temporary slots).
     """
     import adbc_driver_postgresql.dbapi as adbc  # type: ignore[import-untyped]
 
@@ -163,6 +166,8 @@ def peek_copy(
     first, made, streaming = True, False, False
     try:
         cur = conn.cursor()
+        if on_cancel is not None:
+            on_cancel(cur.adbc_cancel)
         set_batch_bytes(cur)
         cur.execute(pin_settings_sql())
         cur.fetchall()

@@ -137,6 +137,20 @@ def test_forced_splits_at_every_commit_edge_give_the_rows_the_slot_alone_gives(d
     assert copies_in_use(db.connect()) == []
 
 
+def test_a_batch_abandoned_early_leaves_no_copy_behind(db: Any) -> None:
+    capture = make_capture(db, "pgoutput", Path("unused"))
+    start = int(Lsn.parse(confirmed_lsn(db, capture.slot)))
+    write_round(db, 1, 3000)
+    end = int(Lsn.parse(db.execute("SELECT pg_current_wal_lsn()::text")[0][0]))
+    spec = BatchSpec(dsn=db.dsn, slot=capture.slot, plugin="pgoutput", options=tuple(peek_options(
+        "pgoutput", publications=["pub_items"])), upto_nchanges=None, high_water_mark=None, fetch="adbc",
+        rows_per_arrow_batch=1, splits=split_points(start, end, 4))
+    batches = iter_batch(spec, BatchOutcome())
+    next(batches)  # the first part's first rows: the copies were made when the batch started
+    batches.close()  # a stop, a rejected row, a failed write: the task ends early
+    _wait_no_copies(db, timeout=10)
+
+
 # --- whole runs ----------------------------------------------------------------------------------------------------------
 
 
