@@ -72,8 +72,11 @@ MIN_WAL_ENV = "PGPOLL_DECODE_MIN_WAL"
 FIRST_SHARE = 0.8
 """The first part's share of an even cut: smaller, so the client starts decoding sooner (measured, see the docs)."""
 
-LANE_DEPTH = 2
-"""Record batches (about 4 MB each) a copy's reader holds ahead; the rest waits on the server, already decoded."""
+LANE_DEPTH = 8
+"""Record batches (about 4 MB each) a copy's reader holds ahead; the rest waits on the server, already decoded.
+
+More than the slot's own reader (2): ADBC parses a copy's rows outside the GIL, on the core the copy's
+server process has just left, while the client still decodes the part before."""
 
 
 class BatchSpec(Protocol):
