@@ -18,6 +18,7 @@ so that the machine's load falls on every column alike, medians of
   decoding, part of every drain above), timed on a temporary copy.
 
     python bench/bench_parallel.py [--changes 1000000] [--repeat 5] [--shapes pgoutput,test_decoding,one-txn]
+                                   [--parallelisms 1,2,3]
 """
 
 from __future__ import annotations
@@ -31,16 +32,17 @@ from pathlib import Path
 from typing import Any
 
 import psycopg2
-
 from bench_ingest import SETTINGS, _fill, _fresh_table, _sql, ingest_run
+
 from pgpoll.ingest.decode_ranges import split_points
 from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs
 
 PEEK = {
-    "pgoutput": ("pg_logical_slot_peek_binary_changes", "'proto_version', '1', 'publication_names', 'bench_pub', 'messages', 'true'"),
+    "pgoutput": ("pg_logical_slot_peek_binary_changes",
+                 "'proto_version', '1', 'publication_names', 'bench_pub', 'messages', 'true'"),
     "test_decoding": ("pg_logical_slot_peek_changes", "'include-xids', '1', 'include-timestamp', '1'"),
 }
-PARALLELISMS = (1, 2, 3)
+PARALLELISMS = [1, 2, 3]
 
 
 def _lsn(value: int) -> str:
@@ -155,7 +157,9 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--shapes", default="pgoutput,test_decoding,one-txn")
+    parser.add_argument("--parallelisms", default="1,2,3", help="the --decode-parallelism values to drain with")
     args = parser.parse_args()
+    PARALLELISMS[:] = [int(p) for p in args.parallelisms.split(",")]
     found = find_bindirs()
     inst = found.get(15) or found[max(found)]
     cluster = ThrowawayCluster(inst, settings={**SETTINGS, "max_replication_slots": "64"}).start()

@@ -36,7 +36,7 @@ from pgpoll.source.slots import peek_options
 from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs, run_sql
 from pgpoll.testing.pytest_plugin import TEST_SETTINGS
 from tests.ingest.conftest import Capture, confirmed_lsn, ingest, make_capture, read_output
-from tests.ingest.test_fencing import assert_exactly_once, reaped, start_job, wait_slot_idle, write_round
+from tests.ingest.test_fencing import ALLOWED_EXITS, Watcher, assert_exactly_once, reaped, start_job, wait_slot_idle, write_round
 
 PARALLEL = {"PGPOLL_DECODE_MIN_WAL": "1", "PGPOLL_DECODE_PARALLELISM": "3"}  # cut every batch, in three parts
 
@@ -134,6 +134,22 @@ def test_forced_splits_at_every_commit_edge_give_the_rows_the_slot_alone_gives(d
         assert rows == expected, f"split at {[str(Lsn(s)) for s in cut]}"
         assert (outcome.advance_to, outcome.changes, outcome.first_commit_lsn, outcome.xid_min, outcome.xid_max) == (
             alone.advance_to, alone.changes, alone.first_commit_lsn, alone.xid_min, alone.xid_max)
+    assert copies_in_use(db.connect()) == []
+
+
+def test_a_copy_that_cannot_be_placed_leaves_the_rest_to_the_slot(db: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A split past the flush position (the advance stops short of it): the slot reads the rest, nothing twice."""
+    capture = make_capture(db, "pgoutput", Path("unused"))
+    start = int(Lsn.parse(confirmed_lsn(db, capture.slot)))
+    write_round(db, 1, 500)
+    end = int(Lsn.parse(db.execute("SELECT pg_current_wal_flush_lsn()::text")[0][0]))
+    spec = BatchSpec(dsn=db.dsn, slot=capture.slot, plugin="pgoutput", options=tuple(peek_options(
+        "pgoutput", publications=["pub_items"])), upto_nchanges=None, high_water_mark=None, fetch="adbc")
+    expected, _ = _rows(spec)
+    with caplog.at_level(logging.INFO, logger="pgpoll.ingest"):
+        rows, _ = _rows(replace(spec, splits=((start + end) // 2, end + (64 << 20))))
+    assert rows == expected and len(rows) == 500
+    assert any("could not be used" in r.getMessage() for r in caplog.records)
     assert copies_in_use(db.connect()) == []
 
 
@@ -294,3 +310,34 @@ def test_a_failover_slot_is_decoded_by_the_slot_alone_and_says_why(
         assert slot_at == str(summarize(str(output)).high_water_mark)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("pool_mode", ["transaction"])
+def test_racing_runs_decoding_in_parts_through_a_transaction_pooler_write_every_change_once(
+    db: Any, pooled_dsn: str, spark: Any, tmp_path: Path,
+) -> None:
+    """Issue 17's racing runs (the lease off, PgBouncer in transaction mode, one run SIGKILLed) with every batch cut.
+
+    Three processes (about 20 s): no ``--batch-changes`` here, which would keep the slot alone.
+    """
+    capture = make_capture(db, "pgoutput", tmp_path / "out")
+    rng = random.Random("pardec-race")
+    write_round(db, 1, 6000)
+    updated = len(db.execute("UPDATE items SET v = v || '+' WHERE id %% 40 = 0 RETURNING id"))
+    jobs = [start_job(pooled_dsn, capture.args("--batch-wal", size), tmp_path / f"race-{size}.log", env=PARALLEL)
+            for size in ("64kB", "128kB", "256kB")]
+    with reaped(jobs), Watcher(capture.output) as watcher:
+        deadline = time.monotonic() + 120
+        while not any("temporary copies" in (j.log.read_text() if j.log.exists() else "") for j in jobs):
+            assert time.monotonic() < deadline, [j.stderr() for j in jobs]
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.5))
+        jobs[rng.randrange(len(jobs))].kill()
+        codes = [job.wait() for job in jobs]
+    assert set(codes) <= ALLOWED_EXITS, [(c, j.stderr()) for c, j in zip(codes, jobs, strict=True)]
+    watcher.check()
+    _wait_no_copies(db)
+    wait_slot_idle(db, capture.slot)
+    final = ingest(pooled_dsn, *capture.args())
+    assert final.exit_code == 0, final.stderr
+    assert_exactly_once(spark, capture, inserted=6000, updated=updated)
