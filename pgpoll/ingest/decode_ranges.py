@@ -60,8 +60,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgpoll.ingest")
 
 PARALLELISM_ENV = "PGPOLL_DECODE_PARALLELISM"
-DECODE_PARALLELISM = 2
-"""The default of ``--decode-parallelism``: the slot and one copy (docs/performance.md has the measurement)."""
+DECODE_PARALLELISM = 1
+"""The default of ``--decode-parallelism``: the slot alone. Measured on the 2-core machine this was built on
+(docs/performance.md), 2 drained a 1M-change backlog no faster and one huge transaction slower: the
+client's decode, not the server's, bounds a drain there, and two cores do not decode twice at once."""
 
 PARALLEL_MIN_WAL = 32 << 20
 """A batch's range below this many bytes of WAL is decoded by the slot alone: a copy's set-up is not worth it."""
