@@ -323,7 +323,7 @@ def test_racing_runs_decoding_in_parts_through_a_transaction_pooler_write_every_
     capture = make_capture(db, "pgoutput", tmp_path / "out")
     rng = random.Random("pardec-race")
     write_round(db, 1, 6000)
-    updated = len(db.execute("UPDATE items SET v = v || '+' WHERE id %% 40 = 0 RETURNING id"))
+    updated = len(db.execute("UPDATE items SET v = v || '+' WHERE id % 40 = 0 RETURNING id"))
     jobs = [start_job(pooled_dsn, capture.args("--batch-wal", size), tmp_path / f"race-{size}.log", env=PARALLEL)
             for size in ("64kB", "128kB", "256kB")]
     with reaped(jobs), Watcher(capture.output) as watcher:
