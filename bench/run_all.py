@@ -15,6 +15,9 @@ checkout) adds that tree's figures on the same backlogs. ``PGPOLL_WRITER=spark``
 Spark's Parquet writer (the fallback path) instead of the task's pyarrow one.
 ``bench_history.py`` times ``ingest`` start-up, an incremental ``materialize``,
 ``status`` and ``batches`` at 1,000 and 10,000 committed batches (goal: flat).
+``bench_parallel.py`` drains the same backlogs with ``--decode-parallelism`` 1, 2
+and 3 side by side, beside the server's decode as one peek and as the slot plus a temporary copy
+(goals: <= 1.5x and <= 0.7x of one peek).
 ``bench_stream.py`` sets a Spark stream's availableNow drain
 (``spark.readStream.format("pgpoll")``) beside ``pgpoll ingest`` with every
 batch a Spark job (goal <= 1.5x, each net of its empty run).
@@ -40,6 +43,7 @@ def main() -> int:
         [sys.executable, str(HERE / "report.py"), "--changes", changes, "--repeat", repeat,
          "--memory-rows", os.environ.get("PGPOLL_BENCH_MEMORY_ROWS", "10000000"),
          *(["--baseline", os.environ["PGPOLL_BENCH_BASELINE"]] if os.environ.get("PGPOLL_BENCH_BASELINE") else [])],
+        [sys.executable, str(HERE / "bench_parallel.py"), "--changes", changes, "--repeat", repeat],
         [sys.executable, str(HERE / "bench_typed.py"), "--changes", "100000"],
         [sys.executable, str(HERE / "bench_startup.py"), "--batches", "10,10000", "--repeat", repeat],
         [sys.executable, str(HERE / "bench_history.py"), "--batches", "1000,10000", "--repeat", repeat],

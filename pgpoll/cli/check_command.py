@@ -9,11 +9,13 @@ import click
 from pgpoll.cli.options import dsn_option, json_option, target
 from pgpoll.cli.output import echo_json, echo_table
 from pgpoll.errors import ConfigError, SourceError
+from pgpoll.ingest.decode_ranges import DECODE_PARALLELISM, PARALLELISM_ENV
 from pgpoll.source.connection import ConnectionTarget, connect
 from pgpoll.source.failover import failover_checks, standby_capture_checks
 from pgpoll.source.names import check_slot_name
 from pgpoll.source.preflight import FAIL, OK, WARN, CheckItem, run_checks
 from pgpoll.source.server_identity import HISTORY_GRANT, can_read_timeline_history
+from pgpoll.source.slot_copies import copy_check
 from pgpoll.status import collect_status
 
 
@@ -45,10 +47,13 @@ def _timeline_history(conn: Any) -> CheckItem:
 @click.option("--output", default=None, metavar="PATH",
               help="Also check the slot against this output as ingest does before it reads: a gap (the slot past the "
                    "output's high-water mark), another server or a diverged timeline fail (exit 4).")
+@click.option("--decode-parallelism", type=click.IntRange(min=1), default=DECODE_PARALLELISM, envvar=PARALLELISM_ENV,
+              show_default=True, show_envvar=True,
+              help="Say how many temporary copies of the slot an ingest run with this --decode-parallelism makes.")
 @json_option
 @dsn_option
-def check(plugin: str | None, publication: str | None, slot: str | None, output: str | None, as_json: bool,
-          dsn: str | None) -> None:
+def check(plugin: str | None, publication: str | None, slot: str | None, output: str | None, decode_parallelism: int,
+          as_json: bool, dsn: str | None) -> None:
     """Check that the server is ready for pgpoll; exit 4 with the fix when it is not."""
     if output is not None and slot is None:
         raise ConfigError("--output needs --slot", "pass --slot NAME, the slot that feeds the output")
@@ -59,6 +64,7 @@ def check(plugin: str | None, publication: str | None, slot: str | None, output:
         items += failover_checks(conn, slot)  # PostgreSQL 17+: the slot, synchronized_standby_slots; a standby's sync
         items += standby_capture_checks(conn, slot)  # a hot standby (16+): decoding there, the slot its own
         items.append(_timeline_history(conn))  # the gap check after a failover reads it (pgpoll.source.slot_gap)
+        items.append(copy_check(conn, slot, decode_parallelism))  # ingest's temporary copies (pgpoll.ingest.decode_ranges)
     finally:
         conn.close()
     if output is not None and slot is not None:

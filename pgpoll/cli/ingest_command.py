@@ -10,6 +10,7 @@ from pgpoll.cli.job_runner import run_job
 from pgpoll.cli.options import ByteSize, csv_values, dsn_option, pushgateway_option
 from pgpoll.cli.progress import Progress
 from pgpoll.ingest.batch_bounds import BATCH_WAL
+from pgpoll.ingest.decode_ranges import DECODE_PARALLELISM, PARALLELISM_ENV
 from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
 
 
@@ -33,6 +34,10 @@ from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
 @click.option("--batch-wal", type=ByteSize(), default=BATCH_WAL, envvar="PGPOLL_BATCH_WAL", show_envvar=True,
               help="Peek at most about this much WAL per batch (upto_lsn; a larger transaction still makes one batch). "
                    "0: no WAL bound.  [default: 1GB]")
+@click.option("--decode-parallelism", type=click.IntRange(min=1), default=DECODE_PARALLELISM, envvar=PARALLELISM_ENV,
+              show_default=True, show_envvar=True,
+              help="Parts of a large batch the server decodes at once: the slot up to a split, a temporary copy of "
+                   "it from there (each copy takes a free max_replication_slots entry for the batch). 1: the slot alone.")
 @click.option("--typed-tables", is_flag=True, default=False, envvar="PGPOLL_TYPED_TABLES",
               help="Also write each table's typed changes under OUTPUT/tables/<schema>.<table>/ (same commit).")
 @click.option("--row-filter", "row_filters", multiple=True, metavar="'SCHEMA.TABLE: (EXPR)'",
@@ -41,7 +46,7 @@ from pgpoll.ingest.run import IngestOptions, RunSummary, run_ingest
 @pushgateway_option
 def command(slot: str, output: str, plugin: str, publications: tuple[str, ...], tables: tuple[str, ...],
             exclude_tables: tuple[str, ...], max_changes: int | None, max_batches: int | None,
-            max_seconds: float | None, batch_changes: int | None, batch_wal: int, typed_tables: bool,
+            max_seconds: float | None, batch_changes: int | None, batch_wal: int, decode_parallelism: int, typed_tables: bool,
             row_filters: tuple[str, ...], dsn: str | None, pushgateway: str | None) -> None:
     """Drain SLOT into Parquet under OUTPUT, advancing the slot only after each batch is committed.
 
@@ -54,7 +59,7 @@ def command(slot: str, output: str, plugin: str, publications: tuple[str, ...], 
         slot=slot, output=output, plugin=plugin, publications=publications, tables=tables,
         exclude_tables=exclude_tables, max_changes=max_changes, max_batches=max_batches,
         max_seconds=max_seconds, batch_changes=batch_changes, batch_wal=batch_wal, typed_tables=typed_tables,
-        row_filters=row_filters, dsn=dsn, pushgateway=pushgateway,
+        decode_parallelism=decode_parallelism, row_filters=row_filters, dsn=dsn, pushgateway=pushgateway,
     )
     progress = Progress()
     run_job(

@@ -33,6 +33,7 @@ from typing import Any
 from pgpoll import faults
 from pgpoll.errors import ConfigError, SinkError, first_line
 from pgpoll.ingest.batch_writes import pyarrow_task, spark_task, write_batch_here
+from pgpoll.ingest.decode_ranges import decode_splits
 from pgpoll.ingest.task import BatchOutcome, BatchSpec
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
@@ -122,6 +123,7 @@ def run_batch(
     peek from there would show only changes the output already holds.
     """
     writer = PYARROW if in_driver else choose_writer(plan.staging)
+    spec = replace(spec, splits=decode_splits(control, spec))  # temporary copies decode parts of it at once
     if sink.fs.direct_writes:  # an object store: spilled by the task, uploaded to the final keys
         spec = replace(spec, target=StagingTarget.uploaded(sink.fs, plan.id, sink.fs.path(layout.LEDGERS)))
     elif writer == PYARROW:

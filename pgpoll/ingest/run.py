@@ -42,6 +42,7 @@ from pgpoll import faults, stopping
 from pgpoll.errors import ConfigError, PgpollError, PublicationNotFoundError, SinkError, SlotInvalidatedError, WrongPluginError
 from pgpoll.ingest.batch_bounds import BATCH_WAL, batch_bounds
 from pgpoll.ingest.batch_job import StoppedError, driver_batch_wal, run_batch
+from pgpoll.ingest.decode_ranges import DECODE_PARALLELISM
 from pgpoll.ingest.gap_check import check_output, check_slot_moved, confirm_server
 from pgpoll.ingest.progress_channel import BatchProgressLog, ProgressListener
 from pgpoll.ingest.task import BatchSpec
@@ -83,6 +84,7 @@ class IngestOptions:
     max_seconds: float | None = None
     batch_changes: int | None = None  # rows per batch (upto_nchanges); None: bounded by WAL only
     batch_wal: int = BATCH_WAL  # bytes of WAL per batch (pgpoll.ingest.batch_bounds); 0: no budget
+    decode_parallelism: int = DECODE_PARALLELISM  # parts of a batch decoded at once (pgpoll.ingest.decode_ranges)
     typed_tables: bool = False
     row_filters: tuple[str, ...] = ()
     dsn: str | None = None
@@ -366,7 +368,7 @@ def drain(
                 upto_lsn=bounds.upto_lsn, high_water_mark=int(hwm) if hwm is not None else None, tables=patterns,
                 fault=fault, row_filters=tuple(opts.row_filters), typed_tables=opts.typed_tables,
                 progress=sparks.progress_address(), batch_number=number, fetch=fetch,
-            )
+                decode_parallelism=opts.decode_parallelism)
             in_driver = small_wal > 0 and lag is not None and lag <= small_wal
             if not in_driver:
                 sparks.get()

@@ -65,6 +65,10 @@ class BatchSpec:
     column_inserts: bool = True
     typed_tables: bool = False  # with the pyarrow writer: write every table's typed rows in the same pass
     target: StagingTarget | None = None  # where the pyarrow writer stages the batch (set by the driver)
+    #: --decode-parallelism, and the LSNs the driver cut the batch's range at for it (pgpoll.ingest.decode_ranges):
+    #: the slot is peeked up to splits[0], temporary copies of it decode from each split on, at the same time
+    decode_parallelism: int = 1
+    splits: tuple[int, ...] = ()
 
     def __repr__(self) -> str:  # never show the DSN (it may carry a password)
         return (f"BatchSpec(slot={self.slot!r}, plugin={self.plugin!r}, upto_lsn={self.upto_lsn}, "
@@ -125,8 +129,9 @@ def iter_batch(
     fetch; when it says so the batch ends there, unfinished, and the caller
     discards it.
     """
+    from pgpoll.ingest.decode_ranges import ranged_chunks
     from pgpoll.ingest.peek_chunks import Chunk, peek_chunks
-    from pgpoll.source.arrow_peek import choose_fetch
+    from pgpoll.source.arrow_peek import ADBC, choose_fetch
     from pgpoll.source.catalog import catalog_table
     from pgpoll.source.connection import ConnectionTarget, connect
     from pgpoll.source.waits import CallWatch
@@ -151,15 +156,19 @@ def iter_batch(
         conn = connect(ConnectionTarget(spec.dsn, "task"), application_name=f"pgpoll ingest {spec.slot}")
         fast_row, insert_run = decode.fast_row, decode.insert_run if spec.column_inserts else None
         outcome.fetch = choose_fetch(spec.plugin, spec.fetch)
-        chunks = peek_chunks(
-            conn, spec.dsn, spec.slot, spec.plugin, fetch=outcome.fetch, upto_lsn=spec.upto_lsn,
-            upto_nchanges=spec.upto_nchanges,
-            options=list(spec.options), rows_per_fetch=CHUNK_ROWS,
-            on_xid_reference=asm.set_xid_reference,  # the assembler widens each committed 32-bit xid with it
-            on_fallback=lambda why: _fell_back(outcome, why),
-            watch=CallWatch(ConnectionTarget(spec.dsn, "task"), f'the peek of slot "{spec.slot}"',
-                            lambda text: _waiting(reporter, text, outcome.peeked_rows, asm.changes)),
-        )
+        def peek(upto_lsn: int | None) -> Iterator[Chunk]:
+            return peek_chunks(
+                conn, spec.dsn, spec.slot, spec.plugin, fetch=outcome.fetch or PSYCOPG2, upto_lsn=upto_lsn,
+                upto_nchanges=spec.upto_nchanges,
+                options=list(spec.options), rows_per_fetch=CHUNK_ROWS,
+                on_xid_reference=asm.set_xid_reference,  # the assembler widens each committed 32-bit xid with it
+                on_fallback=lambda why: _fell_back(outcome, why),
+                watch=CallWatch(ConnectionTarget(spec.dsn, "task"), f'the peek of slot "{spec.slot}"',
+                                lambda text: _waiting(reporter, text, outcome.peeked_rows, asm.changes)),
+            )
+
+        # the range cut for temporary copies of the slot (read through ADBC), else the slot alone
+        chunks = ranged_chunks(peek, spec, asm) if spec.splits and outcome.fetch == ADBC else peek(spec.upto_lsn)
 
         text_run = decode.text_run if spec.column_inserts else None
 

@@ -25,13 +25,29 @@ def test_check_json_prints_one_object_per_check(db: Any, pgpoll: Any) -> None:
     result = pgpoll("check", "--json", "--plugin", "pgoutput", "--dsn", db.dsn)
     assert result.exit_code == 0
     items = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [i["check"] for i in items] == [*CHECK_NAMES, "plugin pgoutput", "timeline history"]
+    assert [i["check"] for i in items] == [*CHECK_NAMES, "plugin pgoutput", "timeline history", "decode copies"]
     assert all(set(i) == {"check", "status", "value", "fix"} for i in items)
     assert {i["check"]: i["status"] for i in items}["wal_level"] == "ok"
     keep = next(i for i in items if i["check"] == "max_slot_wal_keep_size")
     assert (keep["status"], keep["value"]) == ("warn", "-1")
     assert "a stalled slot can fill the disk" in keep["fix"]
-    assert items[-1] == {"check": "timeline history", "status": "ok", "value": "readable", "fix": ""}  # a superuser
+    assert items[-2] == {"check": "timeline history", "status": "ok", "value": "readable", "fix": ""}  # a superuser
+
+
+def test_check_says_how_many_temporary_copies_an_ingest_run_uses(db: Any, pgpoll: Any) -> None:
+    def copies(*args: str) -> dict[str, str]:
+        result = pgpoll("check", "--json", "--dsn", db.dsn, *args)
+        assert result.exit_code == 0, result.output
+        return next(i for i in map(json.loads, result.stdout.splitlines()) if i["check"] == "decode copies")
+
+    free = db.execute("SELECT current_setting('max_replication_slots')::int - count(*)::int FROM pg_replication_slots")[0][0]
+    item = copies("--decode-parallelism", "3")
+    assert (item["status"], item["value"].split(" (")[0]) == ("ok", "2 per batch over 32 MiB of WAL")
+    assert f"{free} of max_replication_slots" in item["value"]
+    assert copies("--decode-parallelism", "1")["value"].startswith("none (--decode-parallelism 1")
+    short = copies("--decode-parallelism", str(free + 3))  # more than the server has free: fewer, and the fix says so
+    assert (short["status"], short["value"].split(" (")[0]) == ("warn", f"{free} per batch over 32 MiB of WAL")
+    assert "raise max_replication_slots by 2" in short["fix"]
 
 
 def test_check_plugin_probe_reports_available_and_leaves_no_slot(db: Any, pgpoll: Any) -> None:
