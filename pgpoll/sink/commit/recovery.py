@@ -78,8 +78,8 @@ from typing import Any
 from pgpoll.errors import SinkError
 from pgpoll.lsn import Lsn
 from pgpoll.sink import layout
-from pgpoll.sink.commit.floor import read_floor
 from pgpoll.sink.commit.compactions import load_map, planned_partitions
+from pgpoll.sink.commit.floor import read_floor
 from pgpoll.sink.commit.log import CHECKPOINT_EVERY, CommitLog, CommitRecord, LogState
 from pgpoll.sink.stores.output_fs import OutputFs
 from pgpoll.sink.stores.uploads import MANIFEST_SUFFIX, manifest_path, remove_uploads
