@@ -5,7 +5,8 @@ finishes or undoes it):
 
 1. take the compaction lease (``_pgpoll/compact-lease.json``: one compaction
    per output at a time, exit 3 at once; ``ingest`` keeps its own lease and
-   runs on), recover like any run (a dead publisher's moves finished), add
+   runs on) and ``pgpoll retain``'s (exit 3 while a retention runs:
+   :mod:`pgpoll.housekeeping.leases`), read the retention floor, recover like any run (a dead publisher's moves finished), add
    committed batches the change table's Delta log lacks;
 2. finish the newest compaction record (its manifests dropped, its Delta
    version and any earlier one a crash left out added, in order) and delete
@@ -28,6 +29,14 @@ finishes or undoes it):
    and adds, ``dataChange`` false); with ``grace`` 0, delete the sources at
    once.
 
+**Over a retention floor** (:mod:`pgpoll.sink.commit.floor`): records at or
+below it are gone, so nothing below it is merged, and merges wholly below it
+(``pgpoll retain`` removed their files) leave the map at the next record;
+the floor is read again just before record K+1 is created, and a run whose
+merges it reached (a retention that took the lease over from a stalled run)
+discards them and exits 3. Retention never cuts inside a merge (it keeps the
+whole merge: :mod:`pgpoll.housekeeping.retention_plan`).
+
 Nothing here takes a commit-log number: ``ingest`` publishing beside it
 never loses a batch to it, and a merge covers only records older than the
 newest (whose files may still be moving) and than ``min_age``.
@@ -47,9 +56,11 @@ from pgpoll.errors import ConfigError, FenceLostError
 from pgpoll.faults import crash_if
 from pgpoll.housekeeping.compact_files import delete_sources, unit_files, write_merged
 from pgpoll.housekeeping.compact_plan import Group, eligible, groups, units
+from pgpoll.housekeeping.leases import OtherLease, compaction_lease, retention_lease
 from pgpoll.sink import layout
 from pgpoll.sink.change_table import ChangeTable
 from pgpoll.sink.commit.compactions import CompactionLog, CompactionRecord, Merge
+from pgpoll.sink.commit.floor import read_floor
 from pgpoll.sink.commit.lease import Lease
 from pgpoll.sink.commit.log import CommitLog
 from pgpoll.sink.commit.recovery import recover
@@ -117,6 +128,7 @@ class Compaction:
         self.run = uuid.uuid4().hex[:12]
         self.result = CompactResult(opts.output)
         self._swept: set[str] = set()
+        self.floor = 0  # the retention floor: records up to it (and merges wholly below it) are gone
 
     def _refuse(self) -> None:
         if not self.changes.enabled:
@@ -128,40 +140,59 @@ class Compaction:
         started = time.monotonic()
         self._refuse()
         check_writable(self.fs)
-        lease = Lease(self.fs, run=self.run, slot="", path=layout.COMPACTION_LEASE, what="compaction",
-                      holds="the compaction of")
+        lease = compaction_lease(self.fs, self.run)
         lease.acquire()
         try:
-            recover(self.fs, self.log, full=False, run=self.run)
-            state = self.log.state()
-            if state.v1_names:
-                raise ConfigError(f"{self.opts.output} holds commit-log records of format 1 (named by LSN)",
-                                  "compaction reads format 2 records: ingest with this pgpoll for a while first")
-            self.changes.sync(self.log, state)
-            newest = self._finish(exclusive=lease.held)
-            self._sweep(newest, self.opts.grace)
-            planned_on = newest.seq if newest is not None else 0
-            made = self._plan_and_write(newest, state.head, lease)
-            if made is not None:
-                record, sid, group_count = made
-                crash_if("compact-after-write")
-                lease.renew()  # still this run's (a stalled run whose lease another took over stops here)
-                self._check_written(record)
-                if not self.compactions.create(record):
-                    self._discard(sid)
-                    raise FenceLostError(f"another compaction created compaction record {record.seq} first; this "
-                                         f"run's merges (planned on record {planned_on}) were discarded",
-                                         "only one pgpoll compact per output at a time: let the other one finish")
-                self.result.compaction = record.seq
-                self.result.merges = group_count
-                crash_if("compact-after-record")
-                self._finish_record(record)
-                if self.opts.grace <= 0:
-                    self._sweep(record, 0.0)
+            with OtherLease(retention_lease(self.fs, self.run)) as other:
+                self._compact(lease, other)
         finally:
             lease.release()
         self.result.seconds = time.monotonic() - started
         return self.result
+
+    def _compact(self, lease: Lease, other: OtherLease) -> None:
+        """The run, both leases held."""
+        found = read_floor(self.fs)
+        self.floor = found.seq if found is not None else 0
+        recover(self.fs, self.log, full=False, run=self.run)
+        state = self.log.state()
+        if state.v1_names:
+            raise ConfigError(f"{self.opts.output} holds commit-log records of format 1 (named by LSN)",
+                              "compaction reads format 2 records: ingest with this pgpoll for a while first")
+        self.changes.sync(self.log, state)
+        newest = self._finish(exclusive=lease.held)
+        self._sweep(newest, self.opts.grace)
+        planned_on = newest.seq if newest is not None else 0
+        made = self._plan_and_write(newest, state.head, lease)
+        if made is not None:
+            record, sid, group_count = made
+            crash_if("compact-after-write")
+            lease.renew()  # still this run's (a stalled run whose lease another took over stops here)
+            other.check()
+            self._check_written(record)
+            self._check_floor(record, sid)
+            if not self.compactions.create(record):
+                self._discard(sid)
+                raise FenceLostError(f"another compaction created compaction record {record.seq} first; this "
+                                     f"run's merges (planned on record {planned_on}) were discarded",
+                                     "only one pgpoll compact per output at a time: let the other one finish")
+            self.result.compaction = record.seq
+            self.result.merges = group_count
+            crash_if("compact-after-record")
+            self._finish_record(record)
+            if self.opts.grace <= 0:
+                self._sweep(record, 0.0)
+
+    def _check_floor(self, record: CompactionRecord, sid: str) -> None:
+        """The retention floor has not reached this run's merges since it was read (records below it are gone: a
+        merge of them would bring their rows back)."""
+        found = read_floor(self.fs)
+        made = record.made_merges()
+        if found is not None and made and found.seq >= min(m.first for m in made):
+            self._discard(sid)
+            raise FenceLostError(f"pgpoll retain raised the retention floor to commit-log record {found.seq} while "
+                                 f"this compaction merged records from {min(m.first for m in made)} on; its merges "
+                                 "were discarded", "run pgpoll compact and pgpoll retain one after the other")
 
     # -- the newest record and what dead runs left --------------------------------------------------------------
 
@@ -239,6 +270,8 @@ class Compaction:
         applied = self.changes.compacted()
         now = datetime.now(UTC)
         for merge in newest.merges:
+            if merge.last <= self.floor:
+                continue  # pgpoll retain removed it with what it replaced
             old = (now - datetime.fromisoformat(merge.made_at)).total_seconds() >= grace
             if merge.sources and merge.by <= applied and old and self._merged_files_present(merge):
                 self.result.deleted_partitions += delete_sources(self.fs, merge.sources)
@@ -248,10 +281,11 @@ class Compaction:
 
     def _plan_and_write(self, newest: CompactionRecord | None, head: int,
                         lease: Lease) -> tuple[CompactionRecord, str, int] | None:
-        merges = list(newest.merges) if newest is not None else []
+        merges = [m for m in newest.merges if m.last > self.floor] if newest is not None else []  # (the rest is gone)
         small = [m for m in merges if m.bytes < self.opts.target_size]
         tail_merge = merges[-1] if merges and merges[-1] in small else None
         start = tail_merge.first if tail_merge is not None else (merges[-1].last + 1 if merges else 1)
+        start = max(start, self.floor + 1)  # records at or below the retention floor are gone
         records = self.log.records_after(start - 1) if head > start else []
         records = eligible(records, head, datetime.now(UTC), self.opts.min_age)
         planned = groups(units(records, merges), self.opts.target_size)

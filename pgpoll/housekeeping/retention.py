@@ -7,7 +7,8 @@ reader still reads correctly, and the next run finishes the work:
 1. the light recovery ingest runs before each batch, and the change table's
    Delta log completed (:meth:`pgpoll.sink.commit.batches.BatchSink.recover`):
    every record removed must already be in that log, or a later sync would
-   add its files back; then a checkpoint of every record up to the head
+   add its files back; so must every compaction record (its Delta version
+   applied late would add a merged file back, or remove files twice); then a checkpoint of every record up to the head
    (:func:`fold_all`), so that start-up never needs a removed record;
 2. the retention floor is written (:mod:`pgpoll.sink.commit.floor`, not
    done): from here on start-up, materialize and the readers know records up
@@ -17,7 +18,10 @@ reader still reads correctly, and the next run finishes the work:
    readers stop listing the files before they disappear. Spark structured
    streaming readers of ``changes/`` must set ``ignoreDeletes`` (or
    ``skipChangeCommits``), or they stop at this version;
-4. the partitions under ``changes/`` and ``tables/<dir>/``, then the
+4. the partitions under ``changes/`` and ``tables/<dir>/`` (with those of
+   ``pgpoll compact``'s merges wholly below the floor, and what they
+   replaced; a merge the floor would cut is kept whole, the floor lowered
+   before it: :mod:`pgpoll.housekeeping.retention_plan`), then the
    records (gap records stay: they carry no files and materialize reads the
    newest by number);
 5. the floor marked done; superseded complete snapshots deleted (data first,
@@ -25,7 +29,9 @@ reader still reads correctly, and the next run finishes the work:
    one is never taken for a complete snapshot).
 
 One run per output at a time: a lease of its own
-(``_pgpoll/leases/retain.json``, exit 3 when held). Ingest and materialize
+(``_pgpoll/leases/retain.json``, exit 3 when held), and never beside
+``pgpoll compact``: it holds the compaction lease too (exit 3 while a
+compaction runs: :mod:`pgpoll.housekeeping.leases`). Ingest and materialize
 run beside it: retention never touches the records after the checkpoint it
 wrote, and a materialize run registers its destination before it reads
 the log (:mod:`pgpoll.sink.destinations`).
@@ -41,12 +47,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pgpoll.errors import SinkError, first_line
+from pgpoll.housekeeping.leases import OtherLease, compaction_lease, retention_lease
 from pgpoll.housekeeping.retention_plan import RetentionPlan, plan_retention, summary
 from pgpoll.sink import layout
 from pgpoll.sink.change_table import ChangeTable
 from pgpoll.sink.commit.batches import BatchSink
+from pgpoll.sink.commit.compactions import CompactionLog, Merge, load_map
 from pgpoll.sink.commit.floor import RetentionFloor, merge_removed, read_floor, write_floor
-from pgpoll.sink.commit.lease import Lease, LeaseKeeper
+from pgpoll.sink.commit.lease import LeaseKeeper
 from pgpoll.sink.commit.log import CommitLog, CommitRecord
 from pgpoll.sink.commit.records import utc_now
 from pgpoll.sink.stores.filesystem import check_writable, open_output
@@ -54,7 +62,7 @@ from pgpoll.sink.stores.output_fs import OutputFs
 
 log = logging.getLogger("pgpoll.housekeeping")
 
-RETAIN_LEASE = f"{layout.SNAPSHOT_LEASES}/retain.json"
+RETAIN_LEASE = layout.RETAIN_LEASE
 
 
 def run_retain(output: str, retention: timedelta, *, dry_run: bool = False, now: datetime | None = None,
@@ -67,23 +75,33 @@ def run_retain(output: str, retention: timedelta, *, dry_run: bool = False, now:
         out = summary(plan_retention(fs, retention, now))
         return {**out, "dry_run": True, "finished": 0}
     check_writable(fs)
-    lease = Lease(fs, run=run, slot="", path=RETAIN_LEASE, what="pgpoll retain run", holds="the output's retention")
+    lease = retention_lease(fs, run)
     lease.acquire()
     keeper = LeaseKeeper(lease)
     try:
-        finished = finish_unfinished(fs)
-        fold_all(fs, output, run)
-        plan = plan_retention(fs, retention, now)
-        out = summary(plan)
-        if plan.records or plan.floor > plan.start:
-            carry_out(fs, plan, run)
-        keeper.check()
-        for sid in plan.snapshots:
-            remove_snapshot(fs, sid)
-        return {**out, "dry_run": False, "finished": finished}
+        with OtherLease(compaction_lease(fs, run)) as other:
+            return _retain(fs, output, retention, now, run, keeper, other)
     finally:
         keeper.stop()
         lease.release()
+
+
+def _retain(fs: OutputFs, output: str, retention: timedelta, now: datetime, run: str, keeper: LeaseKeeper,
+            other: OtherLease) -> dict[str, Any]:
+    """The run, both housekeeping leases held."""
+    finished = finish_unfinished(fs)
+    fold_all(fs, output, run)
+    plan = plan_retention(fs, retention, now)
+    out = summary(plan)
+    if plan.records or plan.floor > plan.start:
+        carry_out(fs, plan, run)
+    elif left := [m for m in plan.merges if fs.exists(fs.path(layout.CHANGES, m.partition))]:
+        remove_records(fs, [], plan.floor, left)  # merges still there below the floor (a run killed midway)
+    keeper.check()
+    other.check()
+    for sid in plan.snapshots:
+        remove_snapshot(fs, sid)
+    return {**out, "dry_run": False, "finished": finished}
 
 
 def fold_all(fs: OutputFs, output: str, run: str) -> None:
@@ -94,6 +112,19 @@ def fold_all(fs: OutputFs, output: str, run: str) -> None:
     state = sink.log.last_state or sink.log.state()
     if state.head > 0 and (state.checkpoint is None or state.checkpoint.seq < state.head):
         sink.log.write_checkpoint(state, state.head, run)
+    apply_compactions(fs)
+
+
+def apply_compactions(fs: OutputFs) -> None:
+    """Every compaction record in the change table's Delta log, in order (as ``pgpoll compact`` adds them): the
+    removes that follow then see every merged file, and no compaction version comes after them."""
+    table = ChangeTable(fs)
+    compactions = CompactionLog(fs)
+    head = compactions.head()
+    if not table.enabled or not head:
+        return
+    for seq in range(table.compacted() + 1, head + 1):
+        table.apply_compaction(compactions.read(seq))
 
 
 def carry_out(fs: OutputFs, plan: RetentionPlan, run: str) -> None:
@@ -109,7 +140,7 @@ def carry_out(fs: OutputFs, plan: RetentionPlan, run: str) -> None:
     assert plan.end is not None
     floor = RetentionFloor(seq=plan.floor, end=plan.end, start=plan.start + 1, tables=tables, data_seq=data_seq, run=run)
     write_floor(fs, floor)
-    remove_records(fs, plan.records, floor.seq)
+    remove_records(fs, plan.records, floor.seq, plan.merges)
     write_floor(fs, replace(floor, done=True, written_at=utc_now()))
     log.info("retention: %d batch(es) removed, the floor is commit-log record %d (%s)", len(plan.records), floor.seq,
              floor.end)
@@ -126,22 +157,28 @@ def finish_unfinished(fs: OutputFs) -> int:
     if left:
         log.warning("retention: finishing the removal of %d batch(es) below the floor %d (a run stopped midway)",
                     len(left), floor.seq)
-    remove_records(fs, left, floor.seq)
+    remove_records(fs, left, floor.seq, [m for m in load_map(fs).merges if m.last <= floor.seq])
     write_floor(fs, replace(floor, done=True, written_at=utc_now()))
     return len(left)
 
 
-def remove_records(fs: OutputFs, records: list[CommitRecord], floor: int) -> None:
-    """The Delta log's removes, the partitions, then the records (each step idempotent)."""
-    partitions = [r.partition for r in records if r.partition]
+def remove_records(fs: OutputFs, records: list[CommitRecord], floor: int, merges: list[Merge]) -> None:
+    """The Delta log's removes, the partitions, then the records (each step idempotent).
+
+    The partitions are the records' own (compaction may have deleted them already), and those of ``merges`` (wholly
+    at or below the floor) with the ones they replaced: every name sorts at or below the floor's end, and every
+    partition kept above it (a merge is never cut) after it, so one Delta predicate removes exactly them.
+    """
+    partitions = [(r.partition, list(r.tables)) for r in records if r.partition]
+    for merge in merges:
+        partitions += [(merge.partition, sorted(merge.tables)), *((str(p), list(t)) for p, t in merge.sources)]
     if partitions:
-        remove_from_delta(fs, partitions[-1], floor)
+        remove_from_delta(fs, max(p for p, _t in partitions), floor)
     commit_log = CommitLog(fs)
-    for r in records:
-        if r.partition:
-            for t in r.tables:
-                fs.delete(fs.path(layout.TABLES, t, r.partition))
-            fs.delete(fs.path(layout.CHANGES, r.partition))
+    for partition, tables in partitions:
+        for t in tables:
+            fs.delete(fs.path(layout.TABLES, t, partition))
+        fs.delete(fs.path(layout.CHANGES, partition))
     for r in records:
         fs.delete(commit_log.record_path(r.seq))
 

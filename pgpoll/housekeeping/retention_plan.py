@@ -20,6 +20,14 @@ Records are removed from the oldest up to a floor, never past:
   waiting on a synchronous standby, counts). The rule is materialize's own
   (:func:`needed_by`), so what retention keeps is exactly what a rebuild reads.
 
+* a merge of ``pgpoll compact`` (:mod:`pgpoll.sink.commit.compactions`) the
+  floor would cut: the floor is lowered to the record before the merge's
+  first, so the whole merge stays (retention never rewrites a merge: one of
+  128 MB can hold days of small batches, and it goes whole once its last
+  record is old enough). Merges wholly at or below the floor go with their
+  records: their partitions under ``changes/`` and ``tables/`` and the ones
+  they replaced (``merges``).
+
 A table with removed batches and no complete snapshot cannot be rebuilt by
 a new destination or ``materialize --full`` afterwards: the plan says so in a
 warning naming the snapshot that would make it rebuildable. Snapshots all of
@@ -37,6 +45,7 @@ from typing import Any
 
 from pgpoll.errors import ConfigError
 from pgpoll.sink import destinations, layout
+from pgpoll.sink.commit.compactions import Merge, load_map
 from pgpoll.sink.commit.floor import RetentionFloor, read_floor
 from pgpoll.sink.commit.log import CommitLog, CommitRecord
 from pgpoll.sink.commit.records import parse_timestamp
@@ -87,6 +96,8 @@ class RetentionPlan:
     """Superseded complete snapshots to remove."""
     aged: int = 0
     """The floor the age alone would allow."""
+    merges: list[Merge] = field(default_factory=list)
+    """``pgpoll compact``'s merges wholly at or below the floor: removed with the records they hold."""
 
     @property
     def start(self) -> int:
@@ -142,6 +153,7 @@ def plan_retention(fs: OutputFs, retention: timedelta, now: datetime) -> Retenti
     plan = RetentionPlan(floor_before=before, floor=start, end=before.end if before is not None else None,
                          snapshots=superseded)
     if cap <= start:
+        _keep_merges_whole(plan, log)  # (merges a raced compaction left below the floor are still removed)
         return plan
     cutoff = now - retention
     plan.aged = _search(start, cap, lambda s: parse_timestamp(log.read(s).committed_at) < cutoff)
@@ -169,10 +181,29 @@ def plan_retention(fs: OutputFs, retention: timedelta, now: datetime) -> Retenti
         plan.warnings.append(f"{name} has no complete snapshot: once its batches up to {plan.end} are removed, a new "
                              f"destination or materialize --full cannot rebuild it (they refuse it, exit 2); fix: "
                              f"pgpoll snapshot --tables {name}")
+    _keep_merges_whole(plan, log)
     stop = plan.stopped_by
     if stop is not None and stop.warn:
         plan.warnings.append(stop.what)
     return plan
+
+
+def _keep_merges_whole(plan: RetentionPlan, log: CommitLog) -> None:
+    """Lower ``plan``'s floor below a merge it would cut, and list the merges wholly below it (see the module
+    docstring). The map is read after the records: a merge recorded meanwhile covers only older records."""
+    compacted = load_map(log.fs)
+    cut = next((m for m in compacted.merges if m.first <= plan.floor < m.last), None)
+    if cut is not None:
+        floor = max(plan.start, cut.first - 1)
+        plan.holds.append(Hold(floor, f"pgpoll compact's merge of commit-log records {cut.first}..{cut.last} "
+                                      f"({cut.partition}) is kept whole: it goes once record {cut.last} is old enough"))
+        plan.records = [r for r in plan.records if r.seq <= floor]
+        if floor > plan.start:
+            plan.floor, plan.end = floor, log.read(floor).end
+        else:
+            plan.floor = plan.start
+            plan.end = plan.floor_before.end if plan.floor_before is not None else None
+    plan.merges = [m for m in compacted.merges if m.last <= plan.floor]
 
 
 def _destination_hold(log: CommitLog, dest: destinations.Destination, start: int, cap: int) -> Hold | None:
@@ -206,6 +237,7 @@ def summary(plan: RetentionPlan) -> dict[str, Any]:
         "rows": sum(r.rows for r in plan.records),
         "bytes": sum(r.bytes + sum(sum(f.values()) for f in r.table_files.values()) for r in plan.records),
         "partitions": [r.partition for r in plan.records if r.partition],
+        "merges": [m.partition for m in plan.merges],
         "snapshots": list(plan.snapshots),
         "held_by": [h.what for h in sorted(plan.holds, key=lambda h: h.seq)],
         "warnings": list(plan.warnings),

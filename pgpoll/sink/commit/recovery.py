@@ -42,7 +42,8 @@ what the commit log decides, never on timing:
    is read: a live run's partition is moved only after its record exists, so
    it is always found recorded. A partition ``pgpoll compact`` merged, and
    the ones a merge replaced until they are deleted, are named by the newest
-   compaction record (:mod:`pgpoll.sink.commit.compactions`); one it is
+   compaction record (unless the merge lies wholly at or below the retention
+   floor: then it is retain's to remove, and what is left of it is deleted) (:mod:`pgpoll.sink.commit.compactions`); one it is
    writing is named by its upload manifest, written before the files and
    deleted only after the record exists: the manifests are read after the
    listing, then the map, so a merged partition listed is always found named.
@@ -286,12 +287,13 @@ def _partitions(fs: OutputFs, commit_log: CommitLog, state: LogState,
     recorded_tables: set[tuple[str, str]] = set()
     planned = planned_partitions(fs)  # a compaction's files, written before its record: the manifests, then the map
     compacted = load_map(fs)  # merged partitions, and the merges they replaced (deleted after a grace period)
-    sources = [(str(p), list(t)) for m in compacted.merges for p, t in m.sources]
-    for partition, tables in commit_log.partitions(state) + compacted.partitions() + sources + planned:
+    floor = read_floor(fs)  # partitions at or below it are pgpoll retain's, removed on purpose (their records too)
+    live = [m for m in compacted.merges if floor is None or m.last > floor.seq]  # the rest went with their records
+    merged = [(m.partition, sorted(m.tables)) for m in live] + [(str(p), list(t)) for m in live for p, t in m.sources]
+    for partition, tables in commit_log.partitions(state) + merged + planned:
         recorded_changes.add(partition)
         recorded_tables.update((t, partition) for t in tables)
     hwm = state.high_water_mark
-    floor = read_floor(fs)  # partitions at or below it are pgpoll retain's, removed on purpose (their records too)
     removed: list[str] = []
     set_aside: list[str] = []
     for table, rel, end in found:
