@@ -26,10 +26,11 @@ from pgpoll.housekeeping.compact import GRACE, MIN_AGE, CompactOptions, compact
 def command(output: str, target_size: int, min_age: float, grace: float) -> None:
     """Merge runs of small committed batches of OUTPUT (changes/ and tables/) into files of about --target-size.
 
-    Fenced like every writer of the output: one compaction at a time (exit 3 when another holds it), beside a
-    running ingest, which it never stops. Readers see a merge at once through the change log's Delta table,
-    pgpoll.reader, the Spark reader and materialize; a plain directory read of changes/ may see a merged
-    partition and the ones it replaces together until they are deleted (docs/how-to/compact.md).
+    Fenced like every writer of the output: one compaction at a time (exit 3 when another holds it), never
+    beside pgpoll retain (exit 3 while it runs), beside a running ingest, which it never stops. Readers see a
+    merge at once through the change log's Delta table, pgpoll.reader, the Spark reader and materialize; a
+    plain directory read of changes/ may see a merged partition and the ones it replaces together until they
+    are deleted (docs/how-to/compact.md).
     Prints one JSON summary: files and bytes before and after, the records covered.
     """
     if target_size <= 0:

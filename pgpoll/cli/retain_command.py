@@ -51,7 +51,11 @@ def _human(out: dict[str, Any]) -> None:
                    "then stop.")
 @click.option("--json", "as_json", is_flag=True, default=False, help="One JSON line: what was (or would be) removed.")
 def command(output: str, retention: str, dry_run: bool, unregister: tuple[str, ...], as_json: bool) -> None:
-    """Remove change-log batches (and superseded snapshots) older than --retention from OUTPUT."""
+    """Remove change-log batches (and superseded snapshots) older than --retention from OUTPUT.
+
+    A merge of pgpoll compact goes whole or not at all (retention stops before one it would cut). Never runs
+    beside pgpoll compact: exit 3 while a compaction holds the output.
+    """
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         hours = parse_retention(retention)
