@@ -5,8 +5,10 @@ a merge (the floor is lowered to keep it whole, the merges below it go),
 then past it, then more ingests, compaction and retention again. After each
 step: :mod:`pgpoll.reader` returns every change above the floor exactly once,
 the change table's Delta log (read with ``deltalake``) holds exactly the same,
-every file a record or the compaction map names is there, and none of a merge
-below the floor is; a state materialized from a snapshot equals the source.
+every file a record or the compaction map names above the floor is there,
+and none of a merge below it (the map may list one until the next compaction
+record); the Spark reader's typed table after the first cut; a state
+materialized from a snapshot equals the source.
 The cuts are placed with :func:`run_retain`'s ``now`` (a retention is an age:
 the CLI's ``--retention 0`` cannot aim inside one merge), the last one with the
 CLI. A second test: either command refuses (exit 3, nothing changed) while
@@ -32,7 +34,7 @@ from pgpoll.sink.commit.floor import read_floor
 from pgpoll.sink.commit.log import CommitLog
 from pgpoll.sink.commit.records import parse_timestamp
 from pgpoll.sink.stores.filesystem import open_output
-from tests.housekeeping.test_compact import changes, compact, source, state_rows
+from tests.housekeeping.test_compact import changes, compact, source, state_rows, typed_rows
 from tests.ingest.conftest import Capture, ingest, make_capture
 
 Change = tuple[int, int, str]
@@ -112,14 +114,13 @@ def materialized_equals_source(cap: Capture, dest: Path) -> None:
 
 
 def test_compact_then_retain_inside_and_past_a_merge_then_again(db: Any, tmp_path: Path, spark: Any) -> None:
-    del spark  # started by the fixture: materialize's Spark job for the snapshotted table runs on it
     cap = make_capture(db, "pgoutput", tmp_path / "out")
     out = cap.output
     workload(cap, 1, batches=10)
     workload(cap, 2, batches=10)
     snapshot(cap)  # retention may remove what it holds; a rebuild starts from it
     workload(cap, 3, batches=4)
-    everything = changes(out)
+    everything, typed = changes(out), typed_rows(spark, out)
     sizes = sorted(r.bytes for r in CommitLog(open_output(out)).records() if r.partition)
     code, summary, text = compact(out, "--grace", "0", "--target-size", str(4 * sizes[len(sizes) // 2]))
     assert code == 0 and summary is not None and summary["merges"] >= 3, text
@@ -133,6 +134,7 @@ def test_compact_then_retain_inside_and_past_a_merge_then_again(db: Any, tmp_pat
     assert any(f"{second.first}..{second.last}" in h for h in done["held_by"])
     assert not (Path(out) / "changes" / made[0].partition).exists()
     check(out, everything)
+    assert typed_rows(spark, out) == [t for t in typed if t[0] > floor_of(out)[1]]  # typed: through the map
     materialized_equals_source(cap, tmp_path / "a")
 
     done = cut_at(out, second.last)  # past it: the second merge goes whole

@@ -41,6 +41,14 @@ by a record, never taken for a loser's). A reader reads the map *before* the
 commit log's state: a merge only covers records committed before it, so no
 merge it sees holds a record newer than the state it reads next.
 
+**With a retention floor** (:mod:`pgpoll.sink.commit.floor`): a merge lies
+wholly above it or wholly at or below it (``pgpoll retain`` lowers its floor
+rather than cut one, and removes a merge below it whole). The newest record
+may still list merges below the floor until the next compaction record
+leaves them out; nothing resolves them (readers and ``materialize`` resolve
+only the records above the floor, recovery's full pass does not count them
+as named, compaction merges nothing at or below the floor).
+
 Records are never pruned: finding the newest lists ``compactions/``, one
 entry per compaction run that merged anything (a daily run: 365 a year).
 """

@@ -4,7 +4,9 @@
 their partitions under ``changes/`` and ``tables/``, their Delta ``add``
 actions (removed in one Delta version), and nothing else: gap records are
 kept (materialize reads the newest by number), so are the checkpoints and
-every record after ``seq``. It is written **before** any file is deleted,
+every record after ``seq``. On a compacted output the floor never cuts a merge of ``pgpoll compact``
+(:mod:`pgpoll.sink.commit.compactions`): merges wholly below it are removed
+with their records. It is written **before** any file is deleted,
 and only ever raised, so that everything reading the log knows records below
 it are gone on purpose rather than lost:
 
