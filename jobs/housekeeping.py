@@ -8,7 +8,8 @@ off: nothing removed). The state tables' maintenance runs inside each
 ``materialize``. Each step prints its own lines; the last line is the job's
 summary, ``{"status", "exit_code", "steps": {"compact": code or null, "retain": code}}``,
 and its exit code is the first step's that failed (retention still runs after a
-failed compaction: it needs nothing of it).
+failed compaction: it needs nothing of it). The two never overlap: each holds the
+other's lease, so run by hand beside this job one of them exits 3 and changes nothing.
 """
 
 from __future__ import annotations
