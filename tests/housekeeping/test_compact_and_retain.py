@@ -18,6 +18,7 @@ the other holds its lease.
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from pgpoll.cli.main import cli
 from pgpoll.housekeeping.leases import compaction_lease, retention_lease
 from pgpoll.housekeeping.retention import run_retain
 from pgpoll.sink import layout
+from pgpoll.sink.commit.batches import BatchSink
 from pgpoll.sink.commit.compactions import CompactionLog, Merge, load_map
 from pgpoll.sink.commit.floor import read_floor
 from pgpoll.sink.commit.log import CommitLog
@@ -135,6 +137,12 @@ def test_compact_then_retain_inside_and_past_a_merge_then_again(db: Any, tmp_pat
     assert not (Path(out) / "changes" / made[0].partition).exists()
     check(out, everything)
     assert typed_rows(spark, out) == [t for t in typed if t[0] > floor_of(out)[1]]  # typed: through the map
+    left = Path(out) / "changes" / made[0].partition  # what a killed retention could leave of a merge below the floor
+    shutil.copytree(Path(out) / "changes" / second.partition, left)
+    (Path(out) / "_pgpoll" / "newest-checkpoint.json").unlink()  # the next start runs recovery's full pass
+    report = BatchSink(None, out).recover(full=True)
+    assert made[0].partition in report.removed_partitions and report.unrecorded == () and not left.exists()
+    check(out, everything)
     materialized_equals_source(cap, tmp_path / "a")
 
     done = cut_at(out, second.last)  # past it: the second merge goes whole
