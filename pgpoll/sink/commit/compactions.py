@@ -176,10 +176,6 @@ class CompactionMap:
             return self.merges[i]
         return None
 
-    def partitions(self) -> list[tuple[str, list[str]]]:
-        """``(partition, typed tables)`` of every merge: partitions named by a record (recovery's full pass)."""
-        return [(m.partition, sorted(m.tables)) for m in self.merges]
-
     def resolve(self, records: Sequence[CommitRecord], table: str | None = None) -> list[Piece]:
         """Where the rows of ``records`` (in order) are: the change log's (``table`` None) or typed table ``table``'s.
 
