@@ -21,6 +21,11 @@ from pgpoll.sink.stores.filesystem import check_readable, open_output
 
 
 def _human(out: dict[str, Any]) -> None:
+    if out.get("deferred"):
+        click.echo(f"the floor is at commit-log record {out['floor']}; the batches below it are removed by a later "
+                   f"pgpoll retain, once the materialize run(s) of {', '.join(out['deferred'])} that started before "
+                   "it have ended")
+        return
     verb = "would remove" if out["dry_run"] else "removed"
     click.echo(f"{verb} {out['batches']} batch(es), {out['rows']} row(s), {out['bytes']} byte(s): commit-log records "
                f"{out['floor_before'] + 1}..{out['floor']}" if out["floor"] > out["floor_before"]

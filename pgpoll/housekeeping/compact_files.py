@@ -105,6 +105,11 @@ def write_merged(fs: OutputFs, sources: Sequence[str], target: str, table: str |
     except (OSError, pa.ArrowInvalid) as exc:
         raise SinkError(f"cannot merge into {target}: {first_line(exc)}",
                         "check that the output is reachable and writable; rerun pgpoll compact (nothing was replaced)") from None
+    except (pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:  # a column's type changed within the run
+        raise SinkError(f"cannot merge {table or 'the change log'} into {target}: its files' columns do not unify "
+                        f"({first_line(exc)})",
+                        "nothing was replaced: pgpoll compact cannot yet merge batches across a change of a column's "
+                        "type (docs/how-to/compact.md)") from None
     return rows, size
 
 

@@ -49,7 +49,7 @@ from typing import Any
 from pgpoll.errors import SinkError, first_line
 from pgpoll.housekeeping.leases import OtherLease, compaction_lease, retention_lease
 from pgpoll.housekeeping.retention_plan import RetentionPlan, plan_retention, summary
-from pgpoll.sink import layout
+from pgpoll.sink import destinations, layout
 from pgpoll.sink.change_table import ChangeTable
 from pgpoll.sink.commit.batches import BatchSink
 from pgpoll.sink.commit.compactions import CompactionLog, Merge, load_map
@@ -73,7 +73,7 @@ def run_retain(output: str, retention: timedelta, *, dry_run: bool = False, now:
     run = uuid.uuid4().hex[:12]
     if dry_run:
         out = summary(plan_retention(fs, retention, now))
-        return {**out, "dry_run": True, "finished": 0}
+        return {**out, "dry_run": True, "finished": 0, "deferred": []}
     check_writable(fs)
     lease = retention_lease(fs, run)
     lease.acquire()
@@ -89,22 +89,29 @@ def run_retain(output: str, retention: timedelta, *, dry_run: bool = False, now:
 def _retain(fs: OutputFs, output: str, retention: timedelta, now: datetime, run: str, keeper: LeaseKeeper,
             other: OtherLease) -> dict[str, Any]:
     """The run, both housekeeping leases held."""
-    finished = finish_unfinished(fs)
-    fold_all(fs, output, run)
-    plan = plan_retention(fs, retention, now)
+    finished, late = finish_unfinished(fs)
+    if late:  # a killed or deferred run's floor: its removal waits for the materialize runs that saw an older one
+        out = summary(plan_retention(fs, retention, now, folded=0))
+        return {**out, "dry_run": False, "finished": 0, "deferred": late}
+    folded = fold_all(fs, output, run)
+    plan = plan_retention(fs, retention, now, folded)
     out = summary(plan)
+    keeper.check()  # still ours, and no compaction came in, before the floor rises
+    other.check()
     if plan.records or plan.floor > plan.start:
-        carry_out(fs, plan, run)
+        late = carry_out(fs, plan, run)
+        if late:
+            return {**out, "dry_run": False, "finished": finished, "deferred": late}
     elif left := [m for m in plan.merges if fs.exists(fs.path(layout.CHANGES, m.partition))]:
         remove_records(fs, [], plan.floor, left)  # merges still there below the floor (a run killed midway)
     keeper.check()
     other.check()
     for sid in plan.snapshots:
         remove_snapshot(fs, sid)
-    return {**out, "dry_run": False, "finished": finished}
+    return {**out, "dry_run": False, "finished": finished, "deferred": []}
 
 
-def fold_all(fs: OutputFs, output: str, run: str) -> None:
+def fold_all(fs: OutputFs, output: str, run: str) -> int:
     """Recovery, the change table completed, then a checkpoint of every record up to the head (unless the newest
     folds them already): the checkpoint start-up reads then folds every record retention may remove."""
     sink = BatchSink(None, output, fs=fs, run=run)
@@ -113,6 +120,19 @@ def fold_all(fs: OutputFs, output: str, run: str) -> None:
     if state.head > 0 and (state.checkpoint is None or state.checkpoint.seq < state.head):
         sink.log.write_checkpoint(state, state.head, run)
     apply_compactions(fs)
+    return state.head
+
+
+def late_builders(fs: OutputFs, floor: int) -> list[str]:
+    """Destinations whose materialize run is under way and began before the floor reached ``floor``.
+
+    Such a run read the floor before it rose, so it may still read records at or below ``floor``: their files
+    stay until it ends. A run that registers after the floor is written reads the new floor (materialize
+    registers before it reads the floor), so it does not count. A run that died holds the removal until that
+    destination's next run, as it holds retention (:mod:`pgpoll.housekeeping.retention_plan`).
+    """
+    return [d.name for d in destinations.registered(fs)
+            if d.building is not None and int(d.building.get("floor", 0)) < floor]
 
 
 def apply_compactions(fs: OutputFs) -> None:
@@ -127,8 +147,12 @@ def apply_compactions(fs: OutputFs) -> None:
         table.apply_compaction(compactions.read(seq))
 
 
-def carry_out(fs: OutputFs, plan: RetentionPlan, run: str) -> None:
-    """Raise the floor to ``plan.floor``, then remove its records' files and the records (see the module docstring)."""
+def carry_out(fs: OutputFs, plan: RetentionPlan, run: str) -> list[str]:
+    """Raise the floor to ``plan.floor``, then remove its records' files and the records (see the module docstring).
+
+    Returns the destinations whose materialize run began before the floor rose (:func:`late_builders`, read after
+    the floor is written): then nothing is removed yet, and a later run finishes the removal once they have ended.
+    """
     before = plan.floor_before
     tables: dict[str, list[Any]] = {k: list(v) for k, v in (before.tables if before is not None else {}).items()}
     data_seq = before.data_seq if before is not None else 0
@@ -140,17 +164,33 @@ def carry_out(fs: OutputFs, plan: RetentionPlan, run: str) -> None:
     assert plan.end is not None
     floor = RetentionFloor(seq=plan.floor, end=plan.end, start=plan.start + 1, tables=tables, data_seq=data_seq, run=run)
     write_floor(fs, floor)
+    late = late_builders(fs, floor.seq)
+    if late:
+        log.warning("retention: the floor is now commit-log record %d; its batches are removed by a later "
+                    "pgpoll retain, once the materialize run(s) of %s that started before it have ended",
+                    floor.seq, ", ".join(late))
+        return late
     remove_records(fs, plan.records, floor.seq, plan.merges)
     write_floor(fs, replace(floor, done=True, written_at=utc_now()))
     log.info("retention: %d batch(es) removed, the floor is commit-log record %d (%s)", len(plan.records), floor.seq,
              floor.end)
+    return []
 
 
-def finish_unfinished(fs: OutputFs) -> int:
-    """Remove what a killed run left of the records below its floor; returns how many records were left."""
+def finish_unfinished(fs: OutputFs) -> tuple[int, list[str]]:
+    """Remove what a killed (or deferred) run left of the records below its floor.
+
+    Returns how many records were left, and the destinations still building on an older floor (then nothing is
+    removed: :func:`late_builders`).
+    """
     floor = read_floor(fs)
     if floor is None or floor.done:
-        return 0
+        return 0, []
+    late = late_builders(fs, floor.seq)
+    if late:
+        log.warning("retention: the removal below the floor %d waits for the materialize run(s) of %s",
+                    floor.seq, ", ".join(late))
+        return 0, late
     commit_log = CommitLog(fs)
     left = [commit_log.read(seq) for seq in range(floor.start, floor.seq + 1) if fs.exists(commit_log.record_path(seq))]
     left = [r for r in left if not r.is_gap]
@@ -159,7 +199,7 @@ def finish_unfinished(fs: OutputFs) -> int:
                     len(left), floor.seq)
     remove_records(fs, left, floor.seq, [m for m in load_map(fs).merges if m.last <= floor.seq])
     write_floor(fs, replace(floor, done=True, written_at=utc_now()))
-    return len(left)
+    return len(left), []
 
 
 def remove_records(fs: OutputFs, records: list[CommitRecord], floor: int, merges: list[Merge]) -> None:

@@ -139,8 +139,12 @@ def snapshot_needs(fs: OutputFs) -> tuple[dict[str, SnapshotNeed], list[str]]:
     return needs, sorted(superseded)
 
 
-def plan_retention(fs: OutputFs, retention: timedelta, now: datetime) -> RetentionPlan:
-    """The plan of one ``pgpoll retain`` run (see the module docstring)."""
+def plan_retention(fs: OutputFs, retention: timedelta, now: datetime, folded: int | None = None) -> RetentionPlan:
+    """The plan of one ``pgpoll retain`` run (see the module docstring).
+
+    ``folded``: the head the run's checkpoint folded (:func:`pgpoll.housekeeping.retention.fold_all`). Records
+    ingest published after it are never removed: start-up and the change table's Delta log may not have them yet.
+    """
     log = CommitLog(fs)
     state = log.state()
     if state.v1_names or (state.checkpoint is not None and state.checkpoint.v1_records != 0):
@@ -149,6 +153,8 @@ def plan_retention(fs: OutputFs, retention: timedelta, now: datetime) -> Retenti
     before = read_floor(fs)
     start = before.seq if before is not None else 0
     cap = state.head - 1  # the head stays; the run folds every record into a checkpoint first (retention.py)
+    if folded is not None:
+        cap = min(cap, folded)  # and no record published since that checkpoint
     needs, superseded = snapshot_needs(fs)
     plan = RetentionPlan(floor_before=before, floor=start, end=before.end if before is not None else None,
                          snapshots=superseded)

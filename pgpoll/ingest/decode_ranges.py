@@ -51,7 +51,7 @@ from pgpoll.ingest.peek_chunks import Chunk, _arrow_chunks
 from pgpoll.lsn import Lsn
 from pgpoll.source.arrow_peek import PSYCOPG2
 from pgpoll.source.connection import ConnectionTarget
-from pgpoll.source.slot_copies import CopyUnavailableError, free_slots, peek_copy
+from pgpoll.source.slot_copies import CopyUnavailableError, free_slots, peek_copy, usable_slots
 
 if TYPE_CHECKING:
     from pgpoll.ingest.batch_assembler import BatchAssembler
@@ -154,12 +154,12 @@ def decode_splits(control: ControlConnection, spec: BatchSpec) -> tuple[int, ...
         why = "it is a failover slot (a copy does not wait for synchronized_standby_slots)"
     else:
         free = control.call(free_slots)
-        copies = min(spec.decode_parallelism - 1, free)
+        copies = min(spec.decode_parallelism - 1, usable_slots(free))
         if copies >= 1:
             log.info('batch %d of slot "%s": %s of WAL in %d parts decoded at once, %d by temporary copies',
                      spec.batch_number, spec.slot, _size(end - start), copies + 1, copies)
             return split_points(start, end, copies + 1)
-        why = "max_replication_slots has no free slot for a temporary copy"
+        why = "max_replication_slots has no free slot for a temporary copy (one is always left for others)"
     log.info('batch %d of slot "%s" is decoded by the slot alone: %s', spec.batch_number, spec.slot, why)
     return ()
 

@@ -67,12 +67,19 @@ from pgpoll.source.preflight import OK, WARN, CheckItem
 from pgpoll.source.server_errors import translate
 from pgpoll.source.session import pin_settings_sql
 
-__all__ = ["COPY_PREFIX", "CopyUnavailableError", "copies_in_use", "copy_check", "copy_name", "free_slots", "peek_copy"]
+__all__ = ["COPY_PREFIX", "CopyUnavailableError", "copies_in_use", "copy_check", "copy_name", "free_slots", "peek_copy",
+           "usable_slots"]
 
 COPY_PREFIX = "pgpoll_copy_"
 """Every temporary copy's name starts so (``pg_replication_slots`` shows them while a batch runs)."""
 
 _FREE_SLOTS = ("SELECT current_setting('max_replication_slots')::int - count(*)::int FROM pg_replication_slots")
+
+
+def usable_slots(free: int) -> int:
+    """Of ``free`` replication slots, how many copies may take: all but one, so that a standby, a subscriber
+    or an operator creating a slot while a batch is decoded still finds one."""
+    return max(0, free - 1)
 
 
 def free_slots(conn: Any) -> int:
@@ -111,8 +118,9 @@ def copy_check(conn: Any, slot: str | None, parallelism: int) -> CheckItem:
         return CheckItem("decode copies", WARN, "none: this role may not copy slots (the slot decodes alone)",
                          "GRANT EXECUTE ON FUNCTION pg_copy_logical_replication_slot(name, name, boolean) and give the "
                          "role REPLICATION, or pass --decode-parallelism 1")
-    uses = min(wanted, free)
-    value = f"{uses} per batch over 32 MiB of WAL ({free} of max_replication_slots = {limit} free)"
+    uses = min(wanted, usable_slots(free))
+    value = (f"{uses} per batch over 32 MiB of WAL ({free} of max_replication_slots = {limit} free; copies leave "
+             "one for others)")
     if uses < wanted:
         return CheckItem("decode copies", WARN, value, f"raise max_replication_slots by {wanted - uses} (a restart) "
                          f"for --decode-parallelism {parallelism}, or lower it")

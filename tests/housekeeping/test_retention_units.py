@@ -19,7 +19,7 @@ from pgpoll.housekeeping.retention_plan import SnapshotNeed, plan_retention
 from pgpoll.lsn import Lsn
 from pgpoll.sink import destinations, layout
 from pgpoll.sink.commit.batches import BatchSink
-from pgpoll.sink.commit.floor import read_floor
+from pgpoll.sink.commit.floor import FLOOR_FILE, read_floor
 from pgpoll.sink.commit.history import History
 from pgpoll.sink.commit.log import CommitLog, CommitRecord
 from pgpoll.sink.stores.local import LocalOutputFs
@@ -138,3 +138,51 @@ def test_the_housekeeping_job_runs_retain_with_the_retention_it_is_given(tmp_pat
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert lines[-1]["job"] == "housekeeping" and lines[-1]["steps"]["retain"] == 0  # the summary the operator reads
     assert lines[-2]["batches"] == 29 and _commits(tmp_path) == [30]  # retain's own line, then the job's
+
+
+class RegisteringFs(RecordingFs):
+    """A materialize run registers DEST on the floor it read (0) just as retention writes a higher floor: the
+    race between retention's read of the registry and its removal."""
+
+    def __init__(self, inner: Any, dest: str) -> None:
+        super().__init__(inner)
+        self.dest = dest
+        self.started: destinations.Destination | None = None
+
+    def write_text(self, path: str, text: str) -> None:
+        if path.endswith(FLOOR_FILE) and self.started is None:
+            self.started = destinations.start_run(self.inner, self.dest, "parquet", None, floor=0, run="late")
+        self.inner.write_text(path, text)
+
+
+def test_a_materialize_that_started_before_the_floor_rose_defers_the_removal(tmp_path: Path) -> None:
+    build(tmp_path, 30)
+    fs = RegisteringFs(LocalOutputFs(str(tmp_path)), str(tmp_path / "state"))
+
+    out = run_retain(str(tmp_path), EVERYTHING, now=_now(), fs=fs)
+
+    assert fs.started is not None and out["deferred"] == [fs.started.name]
+    floor = read_floor(LocalOutputFs(str(tmp_path)))
+    assert floor is not None and floor.seq == 29 and not floor.done  # raised, nothing removed under it yet
+    assert _commits(tmp_path) == list(range(1, 31))
+    assert len([p for p in (tmp_path / layout.CHANGES).iterdir() if p.name.startswith("lsn_range")]) == 30
+    again = run_retain(str(tmp_path), EVERYTHING, now=_now())  # the run has not ended: still deferred
+    assert again["deferred"] == [fs.started.name] and _commits(tmp_path)[0] == 1
+
+    destinations.end_run(LocalOutputFs(str(tmp_path)), fs.started, {"public.t": str(Lsn(30 * STEP + 0x10))})
+    done = run_retain(str(tmp_path), EVERYTHING, now=_now())
+
+    assert done["deferred"] == [] and done["finished"] == 29
+    assert _commits(tmp_path) == [30]
+    floor = read_floor(LocalOutputFs(str(tmp_path)))
+    assert floor is not None and floor.done
+
+
+def test_records_published_after_the_runs_checkpoint_are_kept(tmp_path: Path) -> None:
+    build(tmp_path, 30)
+    fs = LocalOutputFs(str(tmp_path))
+
+    plan = plan_retention(fs, EVERYTHING, _now(), folded=20)  # the head is 30; the run's checkpoint folded 20
+
+    assert plan.floor == 20
+    assert max(r.seq for r in plan.records) == 20
