@@ -31,6 +31,7 @@ from pgpoll.ingest.task import BatchOutcome, BatchSpec, iter_batch
 from pgpoll.lsn import Lsn
 from pgpoll.reader import read_changes_arrow
 from pgpoll.sink.commit.log import summarize
+from pgpoll.source import arrow_peek
 from pgpoll.source.slot_copies import COPY_PREFIX, copies_in_use
 from pgpoll.source.slots import peek_options
 from pgpoll.testing.cluster import ThrowawayCluster, find_bindirs, run_sql
@@ -153,7 +154,10 @@ def test_a_copy_that_cannot_be_placed_leaves_the_rest_to_the_slot(db: Any, caplo
     assert copies_in_use(db.connect()) == []
 
 
-def test_a_batch_abandoned_early_leaves_no_copy_behind(db: Any) -> None:
+def test_a_batch_abandoned_early_leaves_no_copy_behind(db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # record batches of about 1 KB: each copy's part is many more than its reader holds ahead, so the copies are
+    # still decoding (waiting for their reader) when the batch is abandoned
+    monkeypatch.setattr(arrow_peek, "BATCH_BYTES", 1024)
     capture = make_capture(db, "pgoutput", Path("unused"))
     start = int(Lsn.parse(confirmed_lsn(db, capture.slot)))
     write_round(db, 1, 3000)
@@ -163,6 +167,7 @@ def test_a_batch_abandoned_early_leaves_no_copy_behind(db: Any) -> None:
         rows_per_arrow_batch=1, splits=split_points(start, end, 4))
     batches = iter_batch(spec, BatchOutcome())
     next(batches)  # the first part's first rows: the copies were made when the batch started
+    assert copies_in_use(db.connect()), "the later parts' copies exist while the batch runs"
     batches.close()  # a stop, a rejected row, a failed write: the task ends early
     _wait_no_copies(db, timeout=10)
 
