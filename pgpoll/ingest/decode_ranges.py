@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pgpoll.errors import ConfigError, SourceError
-from pgpoll.ingest.peek_chunks import Chunk, _arrow_chunks
+from pgpoll.ingest.peek_chunks import Chunk, _arrow_chunks, tagged_items
 from pgpoll.lsn import Lsn
 from pgpoll.source.arrow_peek import PSYCOPG2
 from pgpoll.source.connection import ConnectionTarget
@@ -212,14 +212,7 @@ class _Lane:
             batches.close()  # stopped early: the copy's connection is closed (and the copy with its session)
 
     def chunks(self) -> Iterator[Chunk]:
-        while True:
-            kind, value = self.items.get()
-            if kind == "item":
-                yield value
-            elif kind == "error":
-                raise value
-            else:
-                return
+        return tagged_items(self.items)
 
     def close(self) -> None:
         """Stop the part: a statement still running on the server is cancelled (an error there drops the copy)."""

@@ -104,14 +104,7 @@ def prefetched(items: Iterator[T], depth: int = 2) -> Iterator[T]:
     thread = threading.Thread(target=produce, name="pgpoll-peek-fetch", daemon=True)
     thread.start()
     try:
-        while True:
-            kind, value = slots.get()
-            if kind == "item":
-                yield value
-            elif kind == "error":
-                raise value
-            else:
-                return
+        yield from tagged_items(slots)
     finally:
         stop.set()
         thread.join(timeout=60)
@@ -168,3 +161,16 @@ def peek_chunks(
         xids = [row[1] for row in rows]
         yield Chunk(np.fromiter((row[0] for row in rows), np.int64, len(rows)), xids.__getitem__, datas.__getitem__,
                     PeekChunk.of_values(datas))
+
+
+def tagged_items(entries: queue.Queue[tuple[str, Any]]) -> Iterator[Any]:
+    """A producer thread's entries, in order: ``("item", x)`` yields x, ``("error", exc)`` raises it in the
+    consumer, ``("done", None)`` ends (the fetch-ahead above and a copy's part in :mod:`pgpoll.ingest.decode_ranges`)."""
+    while True:
+        kind, value = entries.get()
+        if kind == "item":
+            yield value
+        elif kind == "error":
+            raise value
+        else:
+            return
