@@ -15,7 +15,12 @@ so that the machine's load falls on every column alike, medians of
   single-peek decode — goal <= 1.5x for the 10,000-row shapes; one huge
   transaction cannot be cut and must not get slower;
 * the advance of the slot over the whole backlog after the batch (fast-forward
-  decoding, part of every drain above), timed on a temporary copy.
+  decoding, part of every drain above), timed on a temporary copy;
+* the CPU each drain costs: the ingest process's own (``RUSAGE_CHILDREN``, net
+  of an empty run) and the server's (every PostgreSQL process: the
+  postmaster's reaped children and the live ones, from ``/proc``), and the
+  lowest drain ratio that much work allows on the machine's cores — on two
+  cores a drain cannot finish before half its CPU time has passed.
 
     python bench/bench_parallel.py [--changes 1000000] [--repeat 5] [--shapes pgoutput,test_decoding,one-txn]
                                    [--parallelisms 1,2,3]
@@ -24,6 +29,8 @@ so that the machine's load falls on every column alike, medians of
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import tempfile
 import threading
@@ -110,6 +117,44 @@ def advance_seconds(dsn: str, slot: str) -> float:
         conn.close()
 
 
+def _postmaster(dsn: str) -> int:
+    """The server's postmaster process id (the parent of a backend)."""
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            backend = int(cur.fetchone()[0])
+    finally:
+        conn.close()
+    return int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def server_cpu(postmaster: int) -> float:
+    """CPU seconds of every process of the server so far: the postmaster's own and its reaped children's
+    (``/proc/PID/stat`` utime, stime, cutime, cstime), and its live children's own."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def fields(pid: int | str) -> list[str]:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+    own = fields(postmaster)
+    total = sum(int(own[i]) for i in (11, 12, 13, 14))
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                f = fields(entry)
+            except OSError:
+                continue
+            if int(f[1]) == postmaster:
+                total += int(f[11]) + int(f[12])
+    return total / tick
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure(cluster: ThrowawayCluster, shape: str, changes: int, repeat: int, work: Path) -> dict[str, Any]:
     """Every figure of one backlog shape, interleaved run by run."""
     plugin = "test_decoding" if shape == "test_decoding" else "pgoutput"
@@ -127,19 +172,27 @@ def measure(cluster: ThrowawayCluster, shape: str, changes: int, repeat: int, wo
     _sql(conn, "CHECKPOINT")
     _sql(conn, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'empty'")
     _sql(conn, "SELECT 1 FROM pg_create_logical_replication_slot('empty', %s)", (plugin,))
-    single, split, empty = [], [], []
+    single, split, empty, empty_cpu = [], [], [], []
     drains: dict[int, list[float]] = {p: [] for p in PARALLELISMS}
+    client: dict[int, list[float]] = {p: [] for p in PARALLELISMS}
+    server: dict[int, list[float]] = {p: [] for p in PARALLELISMS}
+    postmaster = _postmaster(dsn)
     counts: set[int] = set()
     for i in range(repeat):
         seconds, rows = _count(dsn, "srv", plugin, None)
         single.append(seconds)
         seconds, together = server_split(dsn, "srv", plugin, start, end)
         split.append(seconds)
+        cpu = _children_cpu()
         empty.append(ingest_run(dsn, "empty", str(work / f"empty-{shape}-{i}"), plugin)[0])
+        empty_cpu.append(_children_cpu() - cpu)
         for p in PARALLELISMS:
+            cpu, on_server = _children_cpu(), server_cpu(postmaster)
             seconds, summary, _rss = ingest_run(dsn, names[p][i], str(work / f"{names[p][i]}"), plugin,
                                                 env_extra={"PGPOLL_DECODE_PARALLELISM": str(p)})
             drains[p].append(seconds)
+            client[p].append(_children_cpu() - cpu)
+            server[p].append(server_cpu(postmaster) - on_server)
             counts.add(int(summary["changes"]))
         print(f"  {shape} run {i + 1}: single peek {single[-1]:.2f} s, split {split[-1]:.2f} s "
               f"({rows} / {together} rows), empty {empty[-1]:.2f} s, "
@@ -149,7 +202,9 @@ def measure(cluster: ThrowawayCluster, shape: str, changes: int, repeat: int, wo
     conn.close()
     med = statistics.median
     return {"shape": shape, "single": med(single), "split": med(split), "empty": med(empty), "advance": advance,
-            "drain": {p: med(v) - med(empty) for p, v in drains.items()}}
+            "drain": {p: med(v) - med(empty) for p, v in drains.items()},
+            "client_cpu": {p: med(v) - med(empty_cpu) for p, v in client.items()},
+            "server_cpu": {p: med(v) for p, v in server.items()}}
 
 
 def main() -> None:
@@ -178,6 +233,15 @@ def main() -> None:
         cells = [f"{r['drain'][p]:.2f} s ({r['drain'][p] / r['single']:.2f}x)" for p in PARALLELISMS]
         print(f"| {r['shape']} | {r['single']:.2f} s | {r['split']:.2f} s ({r['split'] / r['single']:.2f}x) | "
               f"{r['advance']:.2f} s | " + " | ".join(cells) + " |")
+    cores = os.cpu_count() or 1
+    print(f"\nCPU seconds of each drain (medians): ingest's own net of an empty run + the server's; the lowest "
+          f"drain / peek ratio that much work allows on {cores} cores\n")
+    print("| backlog | " + " | ".join(f"p={p}: client + server (lowest ratio)" for p in PARALLELISMS) + " |")
+    print("|---|" + "---|" * len(PARALLELISMS))
+    for r in results:
+        cells = [f"{r['client_cpu'][p]:.2f} + {r['server_cpu'][p]:.2f} s "
+                 f"({(r['client_cpu'][p] + r['server_cpu'][p]) / cores / r['single']:.2f}x)" for p in PARALLELISMS]
+        print(f"| {r['shape']} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

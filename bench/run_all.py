@@ -17,7 +17,7 @@ Spark's Parquet writer (the fallback path) instead of the task's pyarrow one.
 ``status`` and ``batches`` at 1,000 and 10,000 committed batches (goal: flat).
 ``bench_parallel.py`` drains the same backlogs with ``--decode-parallelism`` 1, 2
 and 3 side by side, beside the server's decode as one peek and as the slot plus a temporary copy
-(goals: <= 1.5x and <= 0.7x of one peek).
+(goals: <= 1.5x and <= 0.7x of one peek), and the CPU each drain costs the client and the server.
 ``bench_stream.py`` sets a Spark stream's availableNow drain
 (``spark.readStream.format("pgpoll")``) beside ``pgpoll ingest`` with every
 batch a Spark job (goal <= 1.5x, each net of its empty run).

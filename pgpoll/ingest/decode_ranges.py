@@ -60,10 +60,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgpoll.ingest")
 
 PARALLELISM_ENV = "PGPOLL_DECODE_PARALLELISM"
-DECODE_PARALLELISM = 1
-"""The default of ``--decode-parallelism``: the slot alone. Measured on the 2-core machine this was built on
-(docs/performance.md), 2 drained a 1M-change backlog no faster and one huge transaction slower: the
-client's decode, not the server's, bounds a drain there, and two cores do not decode twice at once."""
+DECODE_PARALLELISM = 2
+"""The default of ``--decode-parallelism``: the slot and one copy. Measured on the 2-core machine this was built
+on (docs/performance.md, medians of 5 on the idle machine): test_decoding drained 1M changes in 1.17x the
+server's decode against 1.38x with the slot alone, one huge transaction (which cannot be cut) in 1.23x against
+1.42x, pgoutput alike (2.12x against 2.07x, within the noise). More parts did not help there: two cores, the
+client's decode and Parquet encoding already use both."""
 
 PARALLEL_MIN_WAL = 32 << 20
 """A batch's range below this many bytes of WAL is decoded by the slot alone: a copy's set-up is not worth it."""
