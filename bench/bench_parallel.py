@@ -16,9 +16,11 @@ so that the machine's load falls on every column alike, medians of
   transaction cannot be cut and must not get slower;
 * the advance of the slot over the whole backlog after the batch (fast-forward
   decoding, part of every drain above), timed on a temporary copy;
-* the CPU each drain costs: the ingest process's own (``RUSAGE_CHILDREN``, net
-  of an empty run) and the server's (every PostgreSQL process: the
-  postmaster's reaped children and the live ones, from ``/proc``), and the
+* the CPU each drain costs, net of an empty run: the ingest process's own
+  (``RUSAGE_CHILDREN``) and the server's (every PostgreSQL process: the
+  postmaster's reaped children and the live ones, from ``/proc``, sampled
+  once the run's backends are reaped; autovacuum is off on this server, so
+  that no worker's CPU falls into a run), and the
   lowest drain ratio that much work allows on the machine's cores — on two
   cores a drain cannot finish before half its CPU time has passed.
 
@@ -124,30 +126,45 @@ def _postmaster(dsn: str) -> int:
         with conn.cursor() as cur:
             cur.execute("SELECT pg_backend_pid()")
             backend = int(cur.fetchone()[0])
+        return int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])  # while it lives
     finally:
         conn.close()
-    return int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _stat(pid: int | str) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (``[1]`` ppid, ``[11:15]`` utime, stime, cutime,
+    cstime in clock ticks)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _children(postmaster: int) -> dict[int, float]:
+    """The server's live processes (zombies too, until the postmaster reaps them): their own CPU seconds."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                f = _stat(entry)
+            except OSError:
+                continue
+            if int(f[1]) == postmaster:
+                found[int(entry)] = (int(f[11]) + int(f[12])) / tick
+    return found
 
 
 def server_cpu(postmaster: int) -> float:
     """CPU seconds of every process of the server so far: the postmaster's own and its reaped children's
-    (``/proc/PID/stat`` utime, stime, cutime, cstime), and its live children's own."""
-    tick = os.sysconf("SC_CLK_TCK")
+    (utime, stime, cutime, cstime), and its live children's own."""
+    own = _stat(postmaster)
+    return sum(int(own[i]) for i in (11, 12, 13, 14)) / os.sysconf("SC_CLK_TCK") + sum(_children(postmaster).values())
 
-    def fields(pid: int | str) -> list[str]:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
-    own = fields(postmaster)
-    total = sum(int(own[i]) for i in (11, 12, 13, 14))
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                f = fields(entry)
-            except OSError:
-                continue
-            if int(f[1]) == postmaster:
-                total += int(f[11]) + int(f[12])
-    return total / tick
+def _settled(postmaster: int, before: set[int], timeout: float = 10.0) -> None:
+    """Wait until every server process started since ``before`` has been reaped: one still exiting counts its
+    CPU in neither the live processes nor the reaped ones at the sample, but in the next drain's."""
+    deadline = time.monotonic() + timeout
+    while set(_children(postmaster)) - before and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _children_cpu() -> float:
@@ -172,7 +189,7 @@ def measure(cluster: ThrowawayCluster, shape: str, changes: int, repeat: int, wo
     _sql(conn, "CHECKPOINT")
     _sql(conn, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'empty'")
     _sql(conn, "SELECT 1 FROM pg_create_logical_replication_slot('empty', %s)", (plugin,))
-    single, split, empty, empty_cpu = [], [], [], []
+    single, split, empty, empty_cpu, empty_server = [], [], [], [], []
     drains: dict[int, list[float]] = {p: [] for p in PARALLELISMS}
     client: dict[int, list[float]] = {p: [] for p in PARALLELISMS}
     server: dict[int, list[float]] = {p: [] for p in PARALLELISMS}
@@ -183,14 +200,18 @@ def measure(cluster: ThrowawayCluster, shape: str, changes: int, repeat: int, wo
         single.append(seconds)
         seconds, together = server_split(dsn, "srv", plugin, start, end)
         split.append(seconds)
-        cpu = _children_cpu()
+        before = set(_children(postmaster))
+        cpu, on_server = _children_cpu(), server_cpu(postmaster)
         empty.append(ingest_run(dsn, "empty", str(work / f"empty-{shape}-{i}"), plugin)[0])
+        _settled(postmaster, before)
         empty_cpu.append(_children_cpu() - cpu)
+        empty_server.append(server_cpu(postmaster) - on_server)
         for p in PARALLELISMS:
             cpu, on_server = _children_cpu(), server_cpu(postmaster)
             seconds, summary, _rss = ingest_run(dsn, names[p][i], str(work / f"{names[p][i]}"), plugin,
                                                 env_extra={"PGPOLL_DECODE_PARALLELISM": str(p)})
             drains[p].append(seconds)
+            _settled(postmaster, before)
             client[p].append(_children_cpu() - cpu)
             server[p].append(server_cpu(postmaster) - on_server)
             counts.add(int(summary["changes"]))
@@ -204,7 +225,7 @@ def measure(cluster: ThrowawayCluster, shape: str, changes: int, repeat: int, wo
     return {"shape": shape, "single": med(single), "split": med(split), "empty": med(empty), "advance": advance,
             "drain": {p: med(v) - med(empty) for p, v in drains.items()},
             "client_cpu": {p: med(v) - med(empty_cpu) for p, v in client.items()},
-            "server_cpu": {p: med(v) for p, v in server.items()}}
+            "server_cpu": {p: med(v) - med(empty_server) for p, v in server.items()}}
 
 
 def main() -> None:
@@ -217,7 +238,7 @@ def main() -> None:
     PARALLELISMS[:] = [int(p) for p in args.parallelisms.split(",")]
     found = find_bindirs()
     inst = found.get(15) or found[max(found)]
-    cluster = ThrowawayCluster(inst, settings={**SETTINGS, "max_replication_slots": "64"}).start()
+    cluster = ThrowawayCluster(inst, settings={**SETTINGS, "max_replication_slots": "64", "autovacuum": "off"}).start()
     results = []
     try:
         with tempfile.TemporaryDirectory() as work:
@@ -234,7 +255,7 @@ def main() -> None:
         print(f"| {r['shape']} | {r['single']:.2f} s | {r['split']:.2f} s ({r['split'] / r['single']:.2f}x) | "
               f"{r['advance']:.2f} s | " + " | ".join(cells) + " |")
     cores = os.cpu_count() or 1
-    print(f"\nCPU seconds of each drain (medians): ingest's own net of an empty run + the server's; the lowest "
+    print(f"\nCPU seconds of each drain (medians, each net of an empty run): ingest's own + the server's; the lowest "
           f"drain / peek ratio that much work allows on {cores} cores\n")
     print("| backlog | " + " | ".join(f"p={p}: client + server (lowest ratio)" for p in PARALLELISMS) + " |")
     print("|---|" + "---|" * len(PARALLELISMS))

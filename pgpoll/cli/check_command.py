@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from pgpoll.cli.options import dsn_option, json_option, target
 from pgpoll.cli.output import echo_json, echo_table
@@ -64,7 +65,8 @@ def check(plugin: str | None, publication: str | None, slot: str | None, output:
         items += failover_checks(conn, slot)  # PostgreSQL 17+: the slot, synchronized_standby_slots; a standby's sync
         items += standby_capture_checks(conn, slot)  # a hot standby (16+): decoding there, the slot its own
         items.append(_timeline_history(conn))  # the gap check after a failover reads it (pgpoll.source.slot_gap)
-        items.append(copy_check(conn, slot, decode_parallelism))  # ingest's temporary copies (pgpoll.ingest.decode_ranges)
+        asked = click.get_current_context().get_parameter_source("decode_parallelism") != ParameterSource.DEFAULT
+        items.append(copy_check(conn, slot, decode_parallelism, asked=asked))  # ingest's copies (pgpoll.ingest.decode_ranges)
     finally:
         conn.close()
     if output is not None and slot is not None:

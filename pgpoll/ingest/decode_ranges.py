@@ -62,10 +62,11 @@ log = logging.getLogger("pgpoll.ingest")
 PARALLELISM_ENV = "PGPOLL_DECODE_PARALLELISM"
 DECODE_PARALLELISM = 2
 """The default of ``--decode-parallelism``: the slot and one copy. Measured on the 2-core machine this was built
-on (docs/performance.md, medians of 5 on the idle machine): test_decoding drained 1M changes in 1.17x the
-server's decode against 1.38x with the slot alone, one huge transaction (which cannot be cut) in 1.23x against
-1.42x, pgoutput alike (2.12x against 2.07x, within the noise). More parts did not help there: two cores, the
-client's decode and Parquet encoding already use both."""
+on (docs/performance.md, three runs, medians of 5 on the idle machine): 1M changes in 10,000-row transactions
+drained in 1.17-1.33x the server's decode for test_decoding against 1.38-1.58x with the slot alone, and in
+1.53x and 1.68x for pgoutput against 1.85x and 2.25x (the third: 2.12x against 2.07x); one huge transaction,
+which cannot be cut, within the noise (1.23-1.35x against 1.29-1.42x). Three parts were not steadily better: two cores, and the
+client's decode and Parquet encoding already use most of one."""
 
 PARALLEL_MIN_WAL = 32 << 20
 """A batch's range below this many bytes of WAL is decoded by the slot alone: a copy's set-up is not worth it."""

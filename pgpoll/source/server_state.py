@@ -38,6 +38,7 @@ from pgpoll.lsn import Lsn
 from pgpoll.source import slots as slot_access
 from pgpoll.source.server_errors import translate
 from pgpoll.source.session import pinned_transaction
+from pgpoll.source.slot_copies import COPY_PREFIX
 
 # Counts per captured table. A partitioned table's rows live in its leaf partitions, which is
 # where the statistics count them: the counts of the whole partition tree are summed (the table itself
@@ -105,6 +106,9 @@ def in_recovery(conn: Any) -> bool:
 def read_server_state(conn: Any, slot: str | None = None) -> ServerState:
     """The logical slots of the connected database (or only ``slot``), with the WAL end and clock.
 
+    Ingest's temporary copies of a slot (:mod:`pgpoll.source.slot_copies`) are left out: each lives for one
+    batch under a new name, so ``status`` and its Prometheus series would otherwise gain a slot per batch.
+
     A named slot that does not exist raises :class:`pgpoll.errors.SlotNotFoundError`.
     """
     try:
@@ -113,7 +117,8 @@ def read_server_state(conn: Any, slot: str | None = None) -> ServerState:
             if slot is not None:
                 infos = [slot_access.get_slot(conn, slot)]
             else:
-                infos = [i for i in slot_access.list_slots(conn) if i.slot_type == "logical" and i.database == database]
+                infos = [i for i in slot_access.list_slots(conn) if i.slot_type == "logical" and i.database == database
+                         and not i.name.startswith(COPY_PREFIX)]  # ingest's temporary copies live for one batch
     except psycopg2.Error as exc:
         raise translate(exc, slot=slot) from None
     return ServerState(database=database, current_lsn=current_lsn, server_time=now, slots=tuple(infos),

@@ -89,12 +89,16 @@ def free_slots(conn: Any) -> int:
         return int(cur.fetchone()[0])
 
 
-def copy_check(conn: Any, slot: str | None, parallelism: int) -> CheckItem:
+def copy_check(conn: Any, slot: str | None, parallelism: int, *, asked: bool = True) -> CheckItem:
     """``pgpoll check``'s line on the copies ingest will make: how many per large batch, and why fewer.
 
     Each copy takes a ``max_replication_slots`` entry while its batch is
     decoded; ingest uses only free ones and reads with the slot alone when
     there are none, on a failover slot, or where the role may not copy.
+    ``asked``: the parallelism was passed (an option or the environment),
+    not the default; only then are fewer copies than it asks for a warning
+    (the default's copy is a speed-up, and the slot decoding alone is the
+    fallback ingest takes on its own).
     """
     wanted = max(0, parallelism - 1)
     with conn.cursor() as cur:
@@ -121,6 +125,9 @@ def copy_check(conn: Any, slot: str | None, parallelism: int) -> CheckItem:
     uses = min(wanted, usable_slots(free))
     value = (f"{uses} per batch over 32 MiB of WAL ({free} of max_replication_slots = {limit} free; copies leave "
              "one for others)")
+    if uses < wanted and not asked:
+        return CheckItem("decode copies", OK, f"{value}: fewer than the default --decode-parallelism {parallelism} "
+                         f"asks for; raise max_replication_slots by {wanted - uses} (a restart) for them")
     if uses < wanted:
         return CheckItem("decode copies", WARN, value, f"raise max_replication_slots by {wanted - uses} (a restart) "
                          f"for --decode-parallelism {parallelism}, or lower it")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pgpoll.source.slot_copies import copy_check
+
 CHECK_NAMES = ["server version", "wal_level", "free replication slots", "free wal senders",
                "role can use slots", "max_slot_wal_keep_size"]
 
@@ -49,6 +51,15 @@ def test_check_says_how_many_temporary_copies_an_ingest_run_uses(db: Any, pgpoll
     # copies leave one free slot for others
     assert (short["status"], short["value"].split(" (")[0]) == ("warn", f"{free - 1} per batch over 32 MiB of WAL")
     assert "raise max_replication_slots by 3" in short["fix"]
+    default = copies()  # no option: the default's one copy, a speed-up, so never a warning
+    assert (default["status"], default["value"].split(" (")[0]) == ("ok", "1 per batch over 32 MiB of WAL")
+    conn = db.connect()
+    try:  # the default asking for more copies than the server has free: said, not warned about
+        unasked = copy_check(conn, None, free + 3, asked=False)
+    finally:
+        conn.close()
+    assert unasked.status == "ok" and "fewer than the default --decode-parallelism" in unasked.value
+    assert "raise max_replication_slots by 3" in unasked.value
 
 
 def test_check_plugin_probe_reports_available_and_leaves_no_slot(db: Any, pgpoll: Any) -> None:

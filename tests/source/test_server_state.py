@@ -11,6 +11,7 @@ import pytest
 from pgpoll.source import slots
 from pgpoll.source.connection import connect, resolve_dsn
 from pgpoll.source.server_state import captured_tables, read_server_state, table_key, table_write_counts
+from pgpoll.source.slot_copies import copy_name
 
 
 @pytest.fixture
@@ -119,3 +120,20 @@ def test_read_server_state_lists_the_databases_logical_slots(db: Any, conn: Any)
     state = read_server_state(conn)
     assert state.database == db.name and [s.name for s in state.slots] == [name]
     assert read_server_state(conn, name).slots[0].name == name
+
+
+def test_read_server_state_leaves_out_ingests_temporary_copies(db: Any, conn: Any) -> None:
+    db.require_plugin("test_decoding")
+    name = db.slot_name()
+    slots.create_slot(conn, name, "test_decoding")
+    copy = copy_name(name)
+    holder = db.connect(autocommit=False)  # a copy lives in its session's transaction, as ingest makes it
+    try:
+        with holder.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_copy_logical_replication_slot(%s, %s, true)", (name, copy))
+        listed = [s.name for s in slots.list_slots(conn)]
+        assert copy in listed and name in listed  # the server has both while the batch decodes
+        assert [s.name for s in read_server_state(conn).slots] == [name]  # status and its metrics see the slot only
+    finally:
+        holder.rollback()
+        holder.close()
